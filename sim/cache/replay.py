@@ -1,0 +1,362 @@
+"""Expert caches as a library: pools and capacities, a stateful LRU for engine models, whole-trace replay.
+
+A cache is (policy, scope, capacity per pool, prefill mode):
+- policy: lru, lfu, opt (Belady MIN with bypass, the bound), static (filled once from a profile ranking,
+  never evicts: Strata's fill) or ds4-slab (ds4 before #504: one LRU slab for the last-seen expert size).
+- scope: one pool per layer, per size class (ds4 after #504: up to 4 classes keyed by (gate, down) bytes,
+  each its own global LRU) or one global pool.
+- prefill mode: evict, or append (ds4's prefill after #504: hit, append while a slot is free, else load
+  directly without evicting). Decode always evicts.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.cache import kernels
+from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
+from sim.cache.mrc import stack_distance_histograms
+from sim.errors import InputError
+from sim.trace.format import MISSING, PHASE_NAMES, Trace
+
+POLICIES = ("lru", "lfu", "opt", "static", "ds4-slab")
+SCOPES = ("layer", "class", "global")
+PREFILL_MODES = {"evict": MODE_EVICT, "append": MODE_APPEND}
+OUTCOME_NAMES = ("hits", "inserts", "evictions", "direct_loads")
+MAX_SIZE_CLASSES = 4  # ds4 keeps at most 4 class caches (DS4_CUDA_STREAM_EXPERT_CLASSES)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a cache needs to know of the model: per trace layer its expert bytes and size class."""
+
+    n_layers: int
+    n_experts: int
+    expert_bytes: np.ndarray  # int64 [n_layers]
+    class_of_layer: np.ndarray  # int16 [n_layers], first-touch order
+    class_bytes: np.ndarray  # int64 [n_classes]
+    model: str = ""
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_bytes)
+
+    @classmethod
+    def of(cls, trace: Trace, layout=None, where: str = "trace") -> "Geometry":
+        """Geometry of a trace's layers from a ModelLayout (trace layer i = layout.layers[i])."""
+        h = trace.header
+        if layout is None:
+            ones = np.ones(h.n_layers, np.int64)
+            return cls(h.n_layers, h.n_experts, ones, np.zeros(h.n_layers, np.int16), ones[:1], h.model)
+        if layout.n_experts != h.n_experts:
+            raise InputError(where, "n_experts", h.n_experts, f"model {layout.name} has {layout.n_experts}")
+        if h.n_layers not in (layout.n_routed_layers, len(layout.layers)):
+            raise InputError(where, "n_layers", h.n_layers,
+                             f"model {layout.name} has {layout.n_routed_layers} routed layers "
+                             f"(+{len(layout.layers) - layout.n_routed_layers} MTP)")
+        layer_bytes = layout.expert_bytes_per_layer()[: h.n_layers].astype(np.int64)
+        keys = [(layer.gate_bytes, layer.down_bytes) for layer in layout.layers[: h.n_layers]]
+        order: dict = {}
+        for key in keys:
+            order.setdefault(key, len(order))
+        class_of_layer = np.array([order[k] for k in keys], np.int16)
+        class_bytes = np.zeros(len(order), np.int64)
+        class_bytes[class_of_layer] = layer_bytes
+        return cls(h.n_layers, h.n_experts, layer_bytes, class_of_layer, class_bytes, layout.name)
+
+    def pools(self, scope: str) -> np.ndarray:
+        if scope == "layer":
+            return np.arange(self.n_layers, dtype=np.int64)
+        if scope == "class":
+            return self.class_of_layer.astype(np.int64)
+        if scope == "global":
+            return np.zeros(self.n_layers, np.int64)
+        raise InputError("cache", "scope", scope, f"choose one of {', '.join(SCOPES)}")
+
+    def keys_per_pool(self, scope: str) -> np.ndarray:
+        return np.bincount(self.pools(scope), minlength=1).astype(np.int64) * self.n_experts
+
+
+def parse_slots(text: str | int | list, n: int, field_name: str) -> np.ndarray:
+    """One count for every pool, or exactly n comma-separated counts."""
+    if isinstance(text, (int, np.integer)):
+        values = [int(text)]
+    elif isinstance(text, list):
+        values = [int(v) for v in text]
+    else:
+        try:
+            values = [int(v) for v in str(text).split(",")]
+        except ValueError:
+            raise InputError("cache", field_name, text, "expected an integer or a comma-separated list") from None
+    if len(values) == 1:
+        values = values * n
+    if len(values) != n:
+        raise InputError("cache", field_name, text, f"expected 1 or {n} values")
+    if min(values) < 0:
+        raise InputError("cache", field_name, text, "slot counts must be >= 0")
+    return np.array(values, np.int64)
+
+
+class LRUCache:
+    """LRU pools whose state persists across calls: what an engine model drives step by step."""
+
+    def __init__(self, n_keys: int, capacity: np.ndarray):
+        self.state = kernels.lru_state(n_keys, capacity)
+
+    @property
+    def capacity(self) -> np.ndarray:
+        return self.state["capacity"]
+
+    def count(self, pool: int) -> int:
+        return int(self.state["count"][pool])
+
+    def access(self, keys: np.ndarray, pools: np.ndarray, mode: int = MODE_EVICT):
+        """Access keys in order. Returns (outcome, slot, evicted key or -1) per key."""
+        keys = np.ascontiguousarray(keys, np.int64)
+        pools = np.ascontiguousarray(np.broadcast_to(pools, keys.shape), np.int64)
+        outcome = np.empty(len(keys), np.int8)
+        slot = np.empty(len(keys), np.int32)
+        victim = np.empty(len(keys), np.int64)
+        s = self.state
+        kernels.lru_access_batch(keys, pools, len(keys), mode, *self._arrays(), outcome, slot, victim)
+        return outcome, slot, victim
+
+    def _arrays(self) -> tuple:
+        s = self.state
+        return s["slot"], s["prev"], s["next"], s["capacity"], s["count"], s["key_of_slot"]
+
+    def flush(self, pool: int) -> None:
+        s = self.state
+        kernels.lru_flush_pool(pool, s["slot"], s["prev"], s["next"], s["count"], s["key_of_slot"])
+
+    def resident(self) -> np.ndarray:
+        return self.state["slot"] >= 0
+
+
+def read_profile(path: str | Path, geometry: Geometry) -> np.ndarray:
+    """A ranked (layer, expert) list, CSV with columns rank, layer, expert (ds4's hotlist order)."""
+    where = str(path)
+    try:
+        frame = pd.read_csv(where)
+    except FileNotFoundError:
+        raise InputError(where, "path", where, "no such file") from None
+    except (ValueError, csv.Error, UnicodeDecodeError) as exc:
+        raise InputError(where, "csv", type(exc).__name__, f"unreadable profile: {exc}") from None
+    for column in ("layer", "expert"):
+        if column not in frame.columns:
+            raise InputError(where, "columns", list(frame.columns), f"missing column {column!r}")
+        if not pd.api.types.is_integer_dtype(frame[column]):
+            raise InputError(where, column, str(frame[column].dtype), "must be integers")
+    if "rank" in frame.columns:
+        frame = frame.sort_values("rank", kind="stable")
+    layer, expert = frame["layer"].to_numpy(np.int64), frame["expert"].to_numpy(np.int64)
+    bad = (layer < 0) | (layer >= geometry.n_layers) | (expert < 0) | (expert >= geometry.n_experts)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(where, f"row {i + 2}", f"layer {layer[i]}, expert {expert[i]}",
+                         f"outside {geometry.n_layers} layers x {geometry.n_experts} experts")
+    return layer * geometry.n_experts + expert
+
+
+def trace_profile(trace: Trace) -> np.ndarray:
+    """Keys ranked by how often the trace uses them (an oracle profile: the trace profiles itself)."""
+    h = trace.header
+    experts = trace.experts.reshape(trace.n_rows, h.n_layers, h.top_k)
+    present = experts != MISSING
+    keys = (np.arange(h.n_layers, dtype=np.int64)[None, :, None] * h.n_experts + experts)[present]
+    freq = np.bincount(keys, minlength=h.n_layers * h.n_experts)
+    return np.argsort(-freq, kind="stable")[: int((freq > 0).sum())]
+
+
+def static_resident(ranking: np.ndarray, geometry: Geometry, scope: str, capacity: np.ndarray) -> np.ndarray:
+    """Fill each pool with its best-ranked keys until its capacity is reached."""
+    pools = geometry.pools(scope)[ranking // geometry.n_experts]
+    resident = np.zeros(geometry.n_layers * geometry.n_experts, np.bool_)
+    filled = np.zeros(len(capacity), np.int64)
+    for key, pool in zip(ranking.tolist(), pools.tolist()):  # ≤ n_keys once per replay, not per access
+        if filled[pool] < capacity[pool]:
+            resident[key] = True
+            filled[pool] += 1
+    return resident
+
+
+@dataclass
+class ReplayResult:
+    """Counts per (layer, phase, outcome) with the geometry to turn them into bytes and classes."""
+
+    policy: str
+    scope: str
+    prefill_mode: str
+    capacity: np.ndarray
+    geometry: Geometry
+    counts: np.ndarray  # int64 [layers, 2, 4]
+    trace_sha256: str
+    extra: dict = field(default_factory=dict)
+
+    def _rows(self, counts: np.ndarray, expert_bytes: np.ndarray) -> dict:
+        lookups = counts.sum(axis=-1)
+        loads = counts[..., INSERT] + counts[..., EVICT] + counts[..., DIRECT]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            hit_rate = np.where(lookups > 0, counts[..., HIT] / np.maximum(lookups, 1), np.nan)
+        return {
+            "lookups": lookups,
+            "hits": counts[..., HIT],
+            "misses": loads,
+            "direct_loads": counts[..., DIRECT],
+            "evictions": counts[..., EVICT],
+            "hit_rate": hit_rate,
+            "hit_bytes": counts[..., HIT] * expert_bytes,
+            "load_bytes": loads * expert_bytes,
+        }
+
+    def per_layer(self) -> pd.DataFrame:
+        c = self.counts.sum(axis=1)
+        frame = pd.DataFrame(self._rows(c, self.geometry.expert_bytes))
+        frame.insert(0, "class", self.geometry.class_of_layer.astype(int))
+        frame.insert(0, "layer", np.arange(len(c)))
+        return frame
+
+    def per_phase(self) -> pd.DataFrame:
+        c = self.counts
+        by_phase = np.stack([c[:, p].sum(axis=0) for p in range(2)])
+        bytes_by_phase = np.stack([(c[:, p] * self.geometry.expert_bytes[:, None]).sum(axis=0) for p in range(2)])
+        rows = self._rows(by_phase, np.ones(2, np.int64))
+        loads = bytes_by_phase[:, INSERT] + bytes_by_phase[:, EVICT] + bytes_by_phase[:, DIRECT]
+        rows["hit_bytes"], rows["load_bytes"] = bytes_by_phase[:, HIT], loads
+        frame = pd.DataFrame(rows)
+        frame.insert(0, "phase", list(PHASE_NAMES))
+        return frame
+
+    def per_class(self) -> pd.DataFrame:
+        g = self.geometry
+        by_class = np.zeros((g.n_classes, 4), np.int64)
+        np.add.at(by_class, g.class_of_layer.astype(np.int64), self.counts.sum(axis=1))
+        frame = pd.DataFrame(self._rows(by_class, g.class_bytes))
+        frame.insert(0, "expert_bytes", g.class_bytes)
+        frame.insert(0, "class", np.arange(g.n_classes))
+        return frame
+
+    def summary(self) -> dict:
+        total = self._rows(self.counts.sum(axis=(0, 1)), np.ones(1, np.int64))
+        g = self.geometry
+        load_bytes = int(((self.counts[..., INSERT] + self.counts[..., EVICT] + self.counts[..., DIRECT])
+                          * g.expert_bytes[:, None]).sum())
+        return {
+            "policy": self.policy,
+            "scope": self.scope,
+            "prefill_mode": self.prefill_mode,
+            "capacity_slots": self.capacity.tolist(),
+            "model": g.model,
+            "lookups": int(total["lookups"]),
+            "hits": int(total["hits"]),
+            "misses": int(total["misses"]),
+            "direct_loads": int(total["direct_loads"]),
+            "evictions": int(total["evictions"]),
+            "hit_rate": float(total["hit_rate"]),
+            "load_bytes": load_bytes,
+            "trace_sha256": self.trace_sha256,
+            **self.extra,
+        }
+
+
+def replay(trace: Trace, geometry: Geometry, policy: str, scope: str, capacity: np.ndarray,
+           prefill_mode: str = "evict", ranking: np.ndarray | None = None) -> ReplayResult:
+    """Replay a whole trace through one cache; decode rows always evict."""
+    if policy not in POLICIES:
+        raise InputError("cache", "policy", policy, f"choose one of {', '.join(POLICIES)}")
+    if prefill_mode not in PREFILL_MODES:
+        raise InputError("cache", "prefill_mode", prefill_mode, f"choose one of {', '.join(PREFILL_MODES)}")
+    if policy == "opt" and prefill_mode != "evict":
+        raise InputError("cache", "prefill_mode", prefill_mode, "OPT is the bound of an evicting cache")
+    if policy == "ds4-slab":
+        scope = "global"
+    pool_of_layer = geometry.pools(scope)
+    n_pools = int(pool_of_layer.max()) + 1
+    capacity = np.asarray(capacity, np.int64)
+    if policy != "ds4-slab" and len(capacity) != n_pools:
+        raise InputError("cache", "capacity", capacity.tolist(), f"scope {scope} has {n_pools} pools")
+    mode = PREFILL_MODES[prefill_mode]
+    counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
+    experts, phase = trace.experts, trace.phase
+    n_keys = geometry.n_layers * geometry.n_experts
+    extra: dict = {}
+    if policy == "lru":
+        cache = LRUCache(n_keys, capacity)
+        kernels.lru_replay(experts, phase, pool_of_layer, geometry.n_experts, mode, *cache._arrays(), counts)
+    elif policy == "ds4-slab":
+        # The slab's capacity is rebuilt per size class: one count per class (or one for all).
+        per_class = capacity if len(capacity) == geometry.n_classes else np.repeat(capacity[:1], geometry.n_classes)
+        cache = LRUCache(n_keys, np.array([per_class.max()]))
+        changes = np.zeros(1, np.int64)
+        kernels.slab_replay(experts, phase, geometry.class_of_layer.astype(np.int64), per_class,
+                            geometry.n_experts, mode, *cache._arrays(), counts, changes)
+        extra["size_changes"] = int(changes[0])
+        capacity = per_class
+    elif policy == "lfu":
+        kernels.lfu_replay(experts, phase, pool_of_layer, geometry.n_experts, mode, capacity, counts)
+    elif policy == "opt":
+        nxt = kernels.next_use(experts, geometry.n_experts)
+        kernels.opt_replay(experts, phase, pool_of_layer, geometry.n_experts, capacity, nxt, True, counts)
+    else:
+        extra["profile"] = "trace (oracle)" if ranking is None else "file"
+        ranking = trace_profile(trace) if ranking is None else ranking
+        kernels.static_replay(experts, phase, static_resident(ranking, geometry, scope, capacity),
+                              geometry.n_experts, counts)
+    return ReplayResult(policy, scope, prefill_mode, capacity, geometry, counts, trace.sha256(), extra)
+
+
+@dataclass
+class MissRatioCurve:
+    """LRU hits of every capacity from one pass: hist[layer, phase, d] accesses at stack distance d."""
+
+    scope: str
+    geometry: Geometry
+    hist: np.ndarray
+    cold: np.ndarray
+
+    def hits(self, capacity: int, layers: np.ndarray | None = None) -> int:
+        """Hits of an evicting LRU with `capacity` slots in every pool (over the given layers)."""
+        h = self.hist if layers is None else self.hist[layers]
+        return int(h[..., 1: capacity + 1].sum())
+
+    def curve(self) -> pd.DataFrame:
+        """Per size class: hits, misses and miss ratio for every capacity 0..keys in the pool, in slots
+        and in bytes (capacity slots x the class's expert bytes)."""
+        g = self.geometry
+        frames = []
+        keys = g.keys_per_pool(self.scope)
+        pools = g.pools(self.scope)
+        for c in range(g.n_classes):
+            layers = np.flatnonzero(g.class_of_layer == c)
+            hist = self.hist[layers].sum(axis=(0, 1))
+            lookups = int(hist.sum() + self.cold[layers].sum())
+            max_slots = int(keys[np.unique(pools[layers])].max())
+            hits = np.concatenate([[0], np.cumsum(hist[1: max_slots + 1])])
+            slots = np.arange(max_slots + 1)
+            misses = lookups - hits
+            frames.append(pd.DataFrame({
+                "class": c,
+                "slots": slots,
+                "bytes": slots * (int(g.class_bytes[c]) * (1 if self.scope != "layer" else len(layers))),
+                "hits": hits,
+                "misses": misses,
+                "miss_ratio": misses / max(lookups, 1),
+                "miss_bytes": misses * int(g.class_bytes[c]),
+            }))
+        return pd.concat(frames, ignore_index=True)
+
+
+def lru_mrc(trace: Trace, geometry: Geometry, scope: str) -> MissRatioCurve:
+    """Exact LRU miss-ratio curves of an evicting cache, per pool, in one pass over the trace."""
+    pool_of_layer = geometry.pools(scope)
+    keys_per_pool = geometry.keys_per_pool(scope)
+    hist = np.zeros((geometry.n_layers, 2, int(keys_per_pool.max()) + 1), np.int64)
+    cold = np.zeros((geometry.n_layers, 2), np.int64)
+    stack_distance_histograms(trace.experts, trace.phase, pool_of_layer, keys_per_pool, geometry.n_experts,
+                              hist, cold)
+    return MissRatioCurve(scope, geometry, hist, cold)

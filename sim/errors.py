@@ -1,0 +1,16 @@
+"""The one exception a user ever sees from expertsim.
+
+Bad input (a file, a field, a value) is reported as one line and a non-zero exit by the CLI;
+everything else is a bug and keeps its traceback.
+"""
+
+
+class InputError(Exception):
+    """Input that cannot give a number of record: names where it came from, the field and the value."""
+
+    def __init__(self, where: str, field: str, value: object, why: str):
+        self.where, self.field, self.value, self.why = str(where), field, value, why
+        shown = repr(value) if not isinstance(value, str) else value
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        super().__init__(f"{self.where}: {field} = {shown}: {why}")

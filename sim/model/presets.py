@@ -1,0 +1,147 @@
+"""Built-in model layouts: public MoE geometries with one concrete quantization recipe each.
+
+Geometry comes from reference/hardware-and-gguf.md §4 (and ds4-engine.md §2, strata-engine.md §2 for
+the engines' own models); bytes come from the GGML block table (sim.model.quant), never typed in.
+Where no real file's recipe is documented, the preset picks a common one and says so: read a real
+file with `ModelLayout.from_gguf` when exact bytes matter (Q4_K_M files, for instance, mix
+Q4_K/Q5_K/Q6_K/Q8_0 per tensor, hardware-and-gguf.md §3.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import MappingProxyType
+
+from sim.errors import InputError
+from sim.model.layout import ExpertLayer, ModelLayout
+
+Recipe = Callable[[int], tuple[str, str, str]]  # block -> (gate type, up type, down type)
+
+
+def _layout(name: str, source: str, *, n_blocks: int, n_experts: int, top_k: int, n_shared: int, hidden: int,
+            expert_width: int, recipe: Recipe, dense: range = range(0), mtp: range = range(0),
+            fused_gate_up: bool = False) -> ModelLayout:
+    """Every block not dense is routed; mtp blocks (the last ones) are routed MTP layers."""
+    layers = tuple(
+        ExpertLayer.from_types(block, hidden, expert_width, *recipe(block), fused_gate_up=fused_gate_up,
+                               mtp=block in mtp)
+        for block in range(n_blocks) if block not in dense)
+    return ModelLayout(name, source, n_blocks, n_experts, top_k, n_shared, hidden, expert_width,
+                       tuple(dense), layers)
+
+
+def _uniform(gate_up: str, down: str) -> Recipe:
+    return lambda block: (gate_up, gate_up, down)
+
+
+# Stand-in for Q4_K_M where the reference names no file: Q4_K gate/up with Q6_K down. Q4_K_M gives
+# ffn_down more bits than gate/up; doing so in every layer keeps one size class.
+_Q4_K_M_LIKE = _uniform("Q4_K", "Q6_K")
+
+# DeepSeek-V4-Flash: ds4-engine.md §2.1 (DS4_SHAPE_FLASH, antirez/ds4 ds4.c @80ebbc3 L177-212) and
+# hardware-and-gguf.md §4: 43 blocks, all routed (blocks 0-2 are hash-routed MoE, not dense), 256 experts,
+# top-6, 1 shared, n_embd 4096, n_ff_exp 2048. Its MTP layer ships as a separate GGUF that ds4 refuses
+# with --ssd-streaming (ds4-engine.md §2.1), so no MTP layer here.
+_FLASH = dict(n_blocks=43, n_experts=256, top_k=6, n_shared=1, hidden=4096, expert_width=2048)
+_FLASH_SOURCE = "ds4-engine.md §2.1 (DS4_SHAPE_FLASH, antirez/ds4 @80ebbc3) and §2.3 (official GGUF {}); " \
+                "hardware-and-gguf.md §4"
+# The ds4 q2 GGUF: IQ2_XXS gate/up, Q2_K down in all 43 layers: 6.75 MiB per expert (ds4-engine.md §2.3).
+_DS4_Q2 = _uniform("IQ2_XXS", "Q2_K")
+# The ds4 q2-q4 GGUF spliced Q4_K experts into layers 37-42 (--q4-layers 37-42, ds4-engine.md §2.3).
+_DS4_Q4_LAYERS = range(37, 43)
+
+# Qwen 3.8 Flash Next as the Strata engine runs it (strata-engine.md §2.1-2.2): 48 blocks, 512 experts,
+# top-10, 1 shared, n_embd 2560, expert width 640, gate/up fused (1280 x 2560), IQ4_NL down (640-weight
+# rows cannot hold a 256-weight block). The per-layer gate/up types of the IQ3_S file are not published;
+# strata-engine.md §2.2 suggests 36 IQ2_S + 6 IQ3_XXS + 4 IQ3_S + 2 IQ4_XS as a stand-in, but its arithmetic
+# uses 2.5 bpw for IQ2_S where ggml has 82 B / 256 = 2.5625 bpw, which moves that mix's mean to 1.960 MiB.
+# With one IQ3_S layer turned into IQ2_S the mean is 2,048,000 B = 1.953 MiB, matching the observed arena
+# mean (46.84 GiB / 24,576 experts = 1.952 MiB) and the sized-slot ratios (1.94 +- 0.01 MiB, §2.3); the
+# largest blob stays IQ4_XS + IQ4_NL = 2,662,400 B, the observed max_blob.
+# Placement (deterministic, our choice): the richest types go to the layers nearest either end, edges
+# first (0, 47, 1, 46, 2, ...), as llama.cpp's quantizer gives extra bits to the first and last layers.
+_QWEN38_MIX = (("IQ4_XS", 2), ("IQ3_S", 3), ("IQ3_XXS", 6), ("IQ2_S", 37))
+
+
+def _edges_first_recipe(n_blocks: int, mix: tuple[tuple[str, int], ...], down: str) -> Recipe:
+    order = [block for pair in zip(range(n_blocks), reversed(range(n_blocks))) for block in pair]
+    order = list(dict.fromkeys(order))  # drop the repeats once the two ends meet
+    types = [t for t, count in mix for _ in range(count)]
+    assert len(types) == n_blocks, "the mix must cover every layer"
+    by_block = dict(zip(order, types))
+    return lambda block: (by_block[block], by_block[block], down)
+
+
+PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: layout for layout in (
+    _layout("deepseek-v4-flash-q2", _FLASH_SOURCE.format("q2-imatrix: IQ2_XXS gate/up, Q2_K down"),
+            **_FLASH, recipe=_DS4_Q2),
+    _layout("deepseek-v4-flash-q2-q4",
+            _FLASH_SOURCE.format("q2-q4-imatrix: layers 37-42 Q4_K gate/up/down, others IQ2_XXS gate/up + Q2_K down"),
+            **_FLASH, recipe=lambda block: ("Q4_K",) * 3 if block in _DS4_Q4_LAYERS else _DS4_Q2(block)),
+    _layout("deepseek-v4-flash-q4", _FLASH_SOURCE.format("q4-imatrix: Q4_K gate/up/down"),
+            **_FLASH, recipe=_uniform("Q4_K", "Q4_K")),
+    # DeepSeek-V4-Pro: ds4-engine.md §2.1 (DS4_SHAPE_PRO, ds4.c L214): 61 blocks (3 hash-routed, all MoE),
+    # 384 experts, top-6, 1 shared, n_embd 7168, n_ff_exp 3072. No Pro GGUF recipe is documented; we reuse
+    # the Flash q2 recipe (IQ2_XXS gate/up, Q2_K down).
+    _layout("deepseek-v4-pro",
+            "ds4-engine.md §2.1 (DS4_SHAPE_PRO, antirez/ds4 @80ebbc3); hardware-and-gguf.md §4; "
+            "quant: the ds4 Flash q2 recipe (IQ2_XXS gate/up, Q2_K down) applied to Pro, our choice",
+            n_blocks=61, n_experts=384, top_k=6, n_shared=1, hidden=7168, expert_width=3072, recipe=_DS4_Q2),
+    _layout("qwen3.8-flash-next-iq3s",
+            "strata-engine.md §2.1-2.2 (geometry, IQ3_S pack max blob 2,662,400 B, mean ~1.95 MiB); "
+            "per-layer mix 37 IQ2_S / 6 IQ3_XXS / 3 IQ3_S / 2 IQ4_XS gate/up + IQ4_NL down, edges first: "
+            "a stand-in fitted to the observed mean, not the file's table",
+            n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
+            recipe=_edges_first_recipe(48, _QWEN38_MIX, "IQ4_NL"), fused_gate_up=True),
+    # Qwen3-30B-A3B: hardware-and-gguf.md §4 (InferSim qwen3-30B-A3B_config.json): 48 layers, 128 experts,
+    # top-8, no shared, hidden 2048, moe width 768.
+    _layout("qwen3-30b-a3b",
+            "hardware-and-gguf.md §4 (alibaba/InferSim qwen3-30B-A3B_config.json); quant: Q4_K gate/up + "
+            "Q6_K down, our Q4_K_M-like choice",
+            n_blocks=48, n_experts=128, top_k=8, n_shared=0, hidden=2048, expert_width=768, recipe=_Q4_K_M_LIKE),
+    # Qwen3-Next-80B-A3B: hardware-and-gguf.md §4 (InferSim qwen3-next-80B-A3B_config.json): 48 layers,
+    # 512 experts, top-10, 1 shared (resident), hidden 2048, moe width 512.
+    _layout("qwen3-next-80b-a3b",
+            "hardware-and-gguf.md §4 (alibaba/InferSim qwen3-next-80B-A3B_config.json); quant: Q4_K gate/up + "
+            "Q6_K down, our Q4_K_M-like choice",
+            n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2048, expert_width=512, recipe=_Q4_K_M_LIKE),
+    # Mixtral-8x7B: hardware-and-gguf.md §4 (keras-hub mixtral README): 32 layers, 8 experts, top-2,
+    # hidden 4096, width 14336.
+    _layout("mixtral-8x7b",
+            "hardware-and-gguf.md §4 (keras-team/keras-hub mixtral README); quant: Q4_K gate/up + Q6_K down, "
+            "our Q4_K_M-like choice",
+            n_blocks=32, n_experts=8, top_k=2, n_shared=0, hidden=4096, expert_width=14336, recipe=_Q4_K_M_LIKE),
+    # OLMoE-1B-7B: hardware-and-gguf.md §4 (GPULlama3 OlmoeConfiguration): 16 layers, 64 experts, top-8,
+    # hidden 2048, width 1024 (the checkpoint's value, not transformers' default 2048).
+    _layout("olmoe-1b-7b",
+            "hardware-and-gguf.md §4 (beehive-lab GPULlama3 OlmoeConfiguration); quant: Q4_K gate/up + Q6_K "
+            "down, our Q4_K_M-like choice",
+            n_blocks=16, n_experts=64, top_k=8, n_shared=0, hidden=2048, expert_width=1024, recipe=_Q4_K_M_LIKE),
+    # GLM-5.2: ds4-engine.md §2.4 (DS4_SHAPE_GLM52 in giannisanni/neutronstar ds4.c L271) and
+    # hardware-and-gguf.md §4: 79 blocks = 3 dense + 75 routed + MTP blk.78, 256 experts, top-8, 1 shared,
+    # n_embd 6144, n_ff_exp 2048. neutronstar's recipe: uniform IQ2_XXS, blk.78 at Q2_K (a size class of its own).
+    _layout("glm-5.2",
+            "ds4-engine.md §2.4 (DS4_SHAPE_GLM52, giannisanni/neutronstar; recipe uniform IQ2_XXS, MTP blk.78 "
+            "Q2_K); hardware-and-gguf.md §4",
+            n_blocks=79, n_experts=256, top_k=8, n_shared=1, hidden=6144, expert_width=2048,
+            recipe=lambda block: ("Q2_K",) * 3 if block == 78 else ("IQ2_XXS",) * 3,
+            dense=range(0, 3), mtp=range(78, 79)),
+    # gpt-oss-120b: hardware-and-gguf.md §4 (transformers GptOssConfig): 36 layers, 128 experts, top-4,
+    # hidden 2880, width 2880. Experts ship as MXFP4 (2880 is not a multiple of 256, §3.1). The per-expert
+    # f32 biases (3 x 2880 x 4 B, 0.3 % of an expert) are not counted.
+    _layout("gpt-oss-120b",
+            "hardware-and-gguf.md §3.1 (MXFP4 experts) and §4 (transformers GptOssConfig)",
+            n_blocks=36, n_experts=128, top_k=4, n_shared=0, hidden=2880, expert_width=2880,
+            recipe=_uniform("MXFP4", "MXFP4")),
+)})
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def get_preset(name: str) -> ModelLayout:
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise InputError("model preset", "name", name, f"unknown; valid: {', '.join(preset_names())}") from None

@@ -1,0 +1,245 @@
+"""The routing trace: which experts each token picked, per MoE layer, in execution order.
+
+In memory a trace is a handful of numpy arrays (see `Trace`); on disk it is one Parquet file with one row
+per token step and the header in the schema metadata (docs/trace-format.md). Loading never iterates over
+rows in Python: the expert column is a fixed-size list that maps straight onto a numpy array.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sim.errors import InputError
+
+FORMAT_VERSION = 1
+METADATA_KEY = b"expertsim.trace"
+SHA256_KEY = b"expertsim.trace.sha256"  # Trace.sha256() of the content, checked on read
+PHASE_PREFILL = 0
+PHASE_DECODE = 1
+PHASE_NAMES = ("prefill", "decode")
+# An expert id no model uses (ids are < 65,535 experts per layer): marks a (token, layer) cell the
+# source did not record. A cell is either complete or all MISSING.
+MISSING = np.uint16(0xFFFF)
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    model: str
+    n_layers: int
+    n_experts: int
+    top_k: int
+    source: str
+    source_sha256: str
+    generator: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+
+@dataclass
+class Trace:
+    """Rows are token steps in execution order; `experts[row, layer]` holds that step's top-k ids.
+
+    request, position: int32 per row (position counts tokens within the request, prompt first).
+    phase: uint8 per row, PHASE_PREFILL or PHASE_DECODE.
+    experts: uint16 [rows, n_layers, top_k]; MISSING where the cell was not recorded.
+    weights: float32 of the same shape (gate weights), or None when the source had none.
+    """
+
+    header: TraceHeader
+    request: np.ndarray
+    position: np.ndarray
+    phase: np.ndarray
+    experts: np.ndarray
+    weights: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.request = np.ascontiguousarray(self.request, dtype=np.int32)
+        self.position = np.ascontiguousarray(self.position, dtype=np.int32)
+        self.phase = np.ascontiguousarray(self.phase, dtype=np.uint8)
+        self.experts = np.ascontiguousarray(self.experts, dtype=np.uint16)
+        if self.weights is not None:
+            self.weights = np.ascontiguousarray(self.weights, dtype=np.float32)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.experts.shape[0])
+
+    @property
+    def n_lookups(self) -> int:
+        """Expert lookups a replay makes: recorded cells × top_k."""
+        return int((~self.missing_cells()).sum()) * self.header.top_k
+
+    def missing_cells(self) -> np.ndarray:
+        """bool [rows, n_layers]: True where the (token, layer) cell was not recorded."""
+        return self.experts[:, :, 0] == MISSING
+
+    def validate(self, where: str = "trace") -> "Trace":
+        """Check shapes, ids and phases; raise InputError naming the first bad field."""
+        h = self.header
+        rows = self.n_rows
+        if self.experts.ndim != 3 or self.experts.shape[1:] != (h.n_layers, h.top_k):
+            raise InputError(where, "experts.shape", tuple(self.experts.shape),
+                             f"expected (rows, n_layers={h.n_layers}, top_k={h.top_k})")
+        for name in ("request", "position", "phase"):
+            arr = getattr(self, name)
+            if arr.shape != (rows,):
+                raise InputError(where, name + ".shape", tuple(arr.shape), f"expected ({rows},)")
+        if self.weights is not None and self.weights.shape != self.experts.shape:
+            raise InputError(where, "weights.shape", tuple(self.weights.shape), "must match experts")
+        if h.n_experts < 1 or h.n_experts >= int(MISSING):
+            raise InputError(where, "n_experts", h.n_experts, f"must be in 1..{int(MISSING) - 1}")
+        if h.top_k < 1 or h.top_k > h.n_experts:
+            raise InputError(where, "top_k", h.top_k, f"must be in 1..n_experts={h.n_experts}")
+        for name in ("request", "position"):
+            arr = getattr(self, name)
+            if rows and int(arr.min()) < 0:
+                raise InputError(where, name, int(arr.min()), "must be >= 0")
+        if rows and int(self.phase.max()) > PHASE_DECODE:
+            raise InputError(where, "phase", int(self.phase.max()), "must be 0 (prefill) or 1 (decode)")
+        missing = self.experts == MISSING
+        partial = missing.any(axis=2) & ~missing.all(axis=2)
+        if partial.any():
+            r, layer = np.argwhere(partial)[0]
+            raise InputError(where, f"experts[row {r}, layer {layer}]", self.experts[r, layer].tolist(),
+                             "a cell is either fully recorded or fully missing")
+        bad = ~missing & (self.experts >= h.n_experts)
+        if bad.any():
+            r, layer, k = np.argwhere(bad)[0]
+            raise InputError(where, f"experts[row {r}, layer {layer}]", int(self.experts[r, layer, k]),
+                             f"expert id must be < n_experts={h.n_experts}")
+        return self
+
+    def sha256(self) -> str:
+        """Content hash of the routing (not of a file's bytes): stable across Parquet writers."""
+        digest = hashlib.sha256()
+        digest.update(self.header.to_json().encode())
+        for arr in (self.request, self.position, self.phase, self.experts):
+            digest.update(np.ascontiguousarray(arr).tobytes())
+        if self.weights is not None:
+            digest.update(self.weights.tobytes())
+        return digest.hexdigest()
+
+    def nbytes(self) -> int:
+        arrays = [self.request, self.position, self.phase, self.experts]
+        if self.weights is not None:
+            arrays.append(self.weights)
+        return int(sum(a.nbytes for a in arrays))
+
+    def rows(self, mask: np.ndarray) -> "Trace":
+        """A trace of the rows where mask is True (same header)."""
+        return Trace(self.header, self.request[mask], self.position[mask], self.phase[mask],
+                     self.experts[mask], None if self.weights is None else self.weights[mask])
+
+
+def write_trace(trace: Trace, path: str | Path) -> None:
+    """Write a trace as Parquet (zstd); the header goes into the schema metadata."""
+    trace.validate(str(path))
+    h = trace.header
+    width = h.n_layers * h.top_k
+    columns = {
+        "request": pa.array(trace.request),
+        "position": pa.array(trace.position),
+        "phase": pa.array(trace.phase),
+        "experts": pa.FixedSizeListArray.from_arrays(pa.array(trace.experts.reshape(-1)), width),
+    }
+    if trace.weights is not None:
+        columns["weights"] = pa.FixedSizeListArray.from_arrays(pa.array(trace.weights.reshape(-1)), width)
+    table = pa.table(columns)
+    meta = {METADATA_KEY: h.to_json().encode(), SHA256_KEY: trace.sha256().encode()}
+    table = table.replace_schema_metadata(meta)
+    pq.write_table(table, str(path), compression="zstd")
+
+
+def _header_from(path: str, meta: dict | None) -> TraceHeader:
+    if not meta or METADATA_KEY not in meta:
+        raise InputError(path, "schema metadata", "absent", "not an expertsim trace (no expertsim.trace header)")
+    try:
+        raw = json.loads(meta[METADATA_KEY])
+        header = TraceHeader(**raw)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InputError(path, "expertsim.trace header", meta[METADATA_KEY][:80], f"unreadable: {' '.join(str(exc).split())}") from None
+    if header.format_version != FORMAT_VERSION:
+        raise InputError(path, "format_version", header.format_version, f"this expertsim reads {FORMAT_VERSION}")
+    for name in ("n_layers", "n_experts", "top_k"):
+        value = getattr(header, name)
+        if not isinstance(value, int) or value < 1:
+            raise InputError(path, name, value, "must be a positive integer")
+    return header
+
+
+def _list_column(path: str, table: pa.Table, name: str, width: int, dtype) -> np.ndarray:
+    col = table.column(name).combine_chunks()
+    if not pa.types.is_fixed_size_list(col.type) or col.type.list_size != width:
+        raise InputError(path, name, str(col.type), f"expected fixed_size_list of n_layers*top_k = {width}")
+    if col.type.value_type != pa.from_numpy_dtype(np.dtype(dtype)):
+        raise InputError(path, name, str(col.type.value_type), f"expected {np.dtype(dtype).name} values")
+    values = col.flatten()
+    if col.null_count or values.null_count:
+        raise InputError(path, name, f"{col.null_count + values.null_count} nulls",
+                         "mark missing cells with 65535, not null")
+    return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(col), width)
+
+
+def _int_column(path: str, table: pa.Table, name: str, dtype) -> np.ndarray:
+    """An integer column without nulls whose values fit `dtype` (no silent wrap-around or NaN casts)."""
+    col = table.column(name)
+    if not pa.types.is_integer(col.type):
+        raise InputError(path, name, str(col.type), f"expected an integer column ({np.dtype(dtype).name})")
+    if col.null_count:
+        raise InputError(path, name, f"{col.null_count} nulls", "must not be null")
+    values = col.to_numpy()
+    info = np.iinfo(dtype)
+    if len(values) and (int(values.min()) < info.min or int(values.max()) > info.max):
+        bad = int(values.min()) if int(values.min()) < info.min else int(values.max())
+        raise InputError(path, name, bad, f"out of range for {np.dtype(dtype).name}")
+    return values.astype(dtype, copy=False)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a trace written by `write_trace`; any defect raises InputError naming the file and field."""
+    where = str(path)
+    try:
+        table = pq.read_table(where)
+    except FileNotFoundError:
+        raise InputError(where, "path", where, "no such file") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(where, "parquet", type(exc).__name__, f"not a readable Parquet file: {' '.join(str(exc).split())}") from None
+    header = _header_from(where, table.schema.metadata)
+    try:
+        names = table.column_names
+    except UnicodeDecodeError:
+        raise InputError(where, "columns", "?", "a column name is not UTF-8") from None
+    if len(set(names)) != len(names):
+        raise InputError(where, "columns", names, "duplicated column name")
+    for name in ("request", "position", "phase", "experts"):
+        if name not in names:
+            raise InputError(where, "columns", names, f"missing column {name!r}")
+    width = header.n_layers * header.top_k
+    experts = _list_column(where, table, "experts", width, np.uint16)
+    weights = None
+    if "weights" in names:
+        weights = _list_column(where, table, "weights", width, np.float32)
+        weights = weights.reshape(-1, header.n_layers, header.top_k)
+    trace = Trace(
+        header,
+        _int_column(where, table, "request", np.int32),
+        _int_column(where, table, "position", np.int32),
+        _int_column(where, table, "phase", np.uint8),
+        experts.reshape(-1, header.n_layers, header.top_k),
+        weights,
+    )
+    trace.validate(where)
+    stored = table.schema.metadata.get(SHA256_KEY)
+    if stored is not None and stored.decode("ascii", "replace") != trace.sha256():
+        raise InputError(where, "expertsim.trace.sha256", stored.decode("ascii", "replace"),
+                         "content hash does not match the data (file altered or corrupt)")
+    return trace

@@ -1,0 +1,288 @@
+"""Cache kernels against known answers, reference implementations and libCacheSim."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cache import kernels
+from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND
+from sim.cache.libcachesim_io import flatten_keys, write_oracle_general
+from sim.cache.replay import Geometry, LRUCache, parse_slots, replay, trace_profile
+from sim.errors import InputError
+from sim.trace.format import MISSING, Trace, TraceHeader
+
+
+def make_trace(experts, phase=None, n_experts=None) -> Trace:
+    experts = np.asarray(experts, np.uint16)
+    rows, layers, k = experts.shape
+    n_experts = n_experts or int(experts[experts != MISSING].max(initial=0)) + 1
+    phase = np.ones(rows) if phase is None else phase
+    return Trace(TraceHeader("test", layers, n_experts, k, "hand", ""), np.zeros(rows), np.arange(rows),
+                 phase, experts)
+
+
+def sequence_trace(seq, n_experts=None) -> Trace:
+    return make_trace(np.array(seq).reshape(-1, 1, 1), n_experts=n_experts)
+
+
+def misses(trace, policy, capacity, scope="global", **kw) -> int:
+    return replay(trace, Geometry.of(trace), policy, scope, np.atleast_1d(capacity), **kw).summary()["misses"]
+
+
+# --- known answers --------------------------------------------------------------------------------
+
+ABACB = [0, 1, 0, 2, 1]  # A B A C B
+
+
+def test_known_answer_lru_and_opt():
+    trace = sequence_trace(ABACB)
+    assert misses(trace, "lru", 2) == 4
+    assert misses(trace, "opt", 2) == 3
+
+
+def test_known_answer_lfu_static_and_append():
+    trace = sequence_trace(ABACB)
+    # LFU: A(1) B(1) A->2 C evicts B (freq 1, older than nothing else of freq 1) then B misses again
+    assert misses(trace, "lfu", 2) == 4
+    # static oracle profile ranks A, B (2 uses each) first: only C misses
+    assert misses(trace, "static", 2) == 1
+    # append-only prefill: A, B fill the slots, C is a direct load, B hits
+    phase = np.zeros(5)
+    result = replay(make_trace(np.array(ABACB).reshape(-1, 1, 1), phase), Geometry.of(trace), "lru", "global",
+                    np.array([2]), prefill_mode="append").summary()
+    assert (result["misses"], result["direct_loads"], result["evictions"]) == (3, 1, 0)
+
+
+def test_zero_capacity_is_all_direct_loads():
+    trace = sequence_trace(ABACB)
+    for policy in ("lru", "lfu", "opt", "static"):
+        s = replay(trace, Geometry.of(trace), policy, "global", np.array([0])).summary()
+        assert s["hits"] == 0 and s["direct_loads"] == 5, policy
+
+
+def test_missing_cells_are_skipped():
+    experts = np.array([[[0, 1]], [[MISSING, MISSING]], [[0, 1]]])
+    s = replay(make_trace(experts, n_experts=2), Geometry.of(make_trace(experts, n_experts=2)), "lru",
+               "global", np.array([2])).summary()
+    assert (s["lookups"], s["hits"]) == (4, 2)
+
+
+def test_per_layer_pools_do_not_share_slots():
+    # two layers, one slot each: layer 0 alternates, layer 1 repeats one expert
+    experts = np.array([[[0], [5]], [[1], [5]], [[0], [5]]])
+    trace = make_trace(experts, n_experts=6)
+    result = replay(trace, Geometry.of(trace), "lru", "layer", np.array([1, 1]))
+    per_layer = result.per_layer()
+    assert per_layer["hits"].tolist() == [0, 2]
+
+
+# --- the ds4 slab and size classes ---------------------------------------------------------------
+
+
+class _TwoClassLayout:
+    """Stand-in ModelLayout with layers 0-1 of 6.75 MiB experts and layer 2 of 13.5 MiB (q2-q4 style)."""
+
+    name = "two-class"
+    n_experts = 4
+    n_routed_layers = 3
+
+    class _Layer:
+        def __init__(self, gate, down):
+            self.gate_bytes, self.down_bytes = gate, down
+
+    layers = (_Layer(2_162_688, 2_752_512), _Layer(2_162_688, 2_752_512), _Layer(4_718_592, 4_718_592))
+
+    def expert_bytes_per_layer(self):
+        return np.array([2 * layer.gate_bytes + layer.down_bytes for layer in self.layers])
+
+
+def test_size_classes_first_touch_order_and_bytes():
+    trace = make_trace(np.zeros((1, 3, 1)), n_experts=4)
+    g = Geometry.of(trace, _TwoClassLayout())
+    assert g.class_of_layer.tolist() == [0, 0, 1]
+    assert g.class_bytes.tolist() == [7_077_888, 14_155_776]
+
+
+def test_slab_flushes_on_every_size_change_and_per_class_keeps_both():
+    # each token touches expert 0 in all three layers: 2 sizes, so the slab flushes twice per token
+    trace = make_trace(np.zeros((10, 3, 1)), n_experts=4)
+    g = Geometry.of(trace, _TwoClassLayout())
+    slab = replay(trace, g, "ds4-slab", "global", np.array([8, 8]))
+    per_class = replay(trace, g, "lru", "class", np.array([8, 8]))
+    assert slab.summary()["hits"] == 0  # every layer-2 visit flushes layers 0-1: the cache never warms
+    assert slab.summary()["size_changes"] == 19
+    assert per_class.summary()["hits"] == 27  # all but the three first touches
+    assert per_class.per_class()["load_bytes"].tolist() == [2 * 7_077_888, 14_155_776]
+
+
+def test_slab_uniform_model_equals_global_lru():
+    rng = np.random.default_rng(3)
+    trace = make_trace(rng.integers(0, 16, (200, 4, 1)), n_experts=16)
+    g = Geometry.of(trace)
+    assert misses(trace, "ds4-slab", 12) == misses(trace, "lru", 12)
+
+
+# --- the stateful engine API ----------------------------------------------------------------------
+
+
+def test_lru_cache_reports_slots_and_victims():
+    cache = LRUCache(4, np.array([2]))
+    outcome, slot, victim = cache.access(np.array([0, 1, 0, 2, 1]), 0)
+    assert outcome.tolist() == [INSERT, INSERT, HIT, EVICT, EVICT]
+    assert slot.tolist() == [0, 1, 0, 1, 0]  # C takes B's slot, then B takes A's
+    assert victim.tolist() == [-1, -1, -1, 1, 0]
+    outcome, _, _ = cache.access(np.array([3]), 0, mode=MODE_APPEND)
+    assert outcome.tolist() == [DIRECT]
+    cache.flush(0)
+    assert not cache.resident().any() and cache.count(0) == 0
+
+
+# --- references -----------------------------------------------------------------------------------
+
+
+def ordered_dict_lru(seq, capacity):
+    cache, hits = OrderedDict(), 0
+    for key in seq:
+        if key in cache:
+            cache.move_to_end(key)
+            hits += 1
+        elif capacity:
+            if len(cache) >= capacity:
+                cache.popitem(last=False)
+            cache[key] = True
+    return hits
+
+
+def brute_force_opt(seq, capacity):
+    """MIN with bypass by definition: on a full miss drop whichever of cache+new is needed last."""
+    cache, hits = set(), 0
+    for i, key in enumerate(seq):
+        if key in cache:
+            hits += 1
+            continue
+        if not capacity:
+            continue
+
+        def next_use(k):
+            for j in range(i + 1, len(seq)):
+                if seq[j] == k:
+                    return j
+            return len(seq) + k  # distinct "never" values keep ties deterministic; any choice is optimal
+
+        if len(cache) < capacity:
+            cache.add(key)
+            continue
+        furthest = max(cache | {key}, key=next_use)
+        if furthest != key:
+            cache.remove(furthest)
+            cache.add(key)
+    return hits
+
+
+routing = st.integers(1, 3).flatmap(lambda layers: st.integers(2, 9).flatmap(
+    lambda n_experts: st.integers(1, n_experts).flatmap(lambda k: st.lists(
+        st.lists(st.permutations(range(n_experts)).map(lambda p: list(p[:k])), min_size=layers, max_size=layers),
+        min_size=1, max_size=40).map(lambda rows: (np.array(rows, np.uint16), n_experts)))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(routing, st.integers(0, 12))
+def test_lru_equals_ordered_dict_reference(data, capacity):
+    experts, n_experts = data
+    trace = make_trace(experts, n_experts=n_experts)
+    seq = flatten_keys(trace).tolist()
+    assert len(seq) - misses(trace, "lru", capacity) == ordered_dict_lru(seq, capacity)
+
+
+@settings(max_examples=200, deadline=None)
+@given(routing, st.integers(0, 8))
+def test_opt_equals_brute_force_and_bounds_lru(data, capacity):
+    experts, n_experts = data
+    trace = make_trace(experts, n_experts=n_experts)
+    seq = flatten_keys(trace).tolist()
+    opt_hits = len(seq) - misses(trace, "opt", capacity)
+    assert opt_hits == brute_force_opt(seq, capacity)
+    # the bound of every demand-filled cache (static starts pre-filled, so it can beat a cold OPT)
+    for policy in ("lru", "lfu"):
+        assert opt_hits >= len(seq) - misses(trace, policy, capacity), policy
+
+
+@settings(max_examples=200, deadline=None)
+@given(routing, st.integers(0, 10))
+def test_lru_hits_never_fall_with_capacity(data, capacity):
+    experts, n_experts = data
+    trace = make_trace(experts, n_experts=n_experts)
+    for scope in ("layer", "global"):
+        n_pools = experts.shape[1] if scope == "layer" else 1
+        small = misses(trace, "lru", np.full(n_pools, capacity), scope)
+        large = misses(trace, "lru", np.full(n_pools, capacity + 1), scope)
+        assert large <= small
+
+
+@settings(max_examples=150, deadline=None)
+@given(routing, st.integers(0, 10))
+def test_append_mode_never_evicts_and_counts_add_up(data, capacity):
+    experts, n_experts = data
+    trace = make_trace(experts, phase=np.zeros(len(experts)), n_experts=n_experts)
+    result = replay(trace, Geometry.of(trace), "lru", "global", np.array([capacity]), prefill_mode="append")
+    c = result.counts.sum(axis=(0, 1))
+    assert c[EVICT] == 0
+    assert c[INSERT] == min(capacity, len(np.unique(flatten_keys(trace))))
+    assert c.sum() == trace.n_lookups
+
+
+# --- libCacheSim as an independent oracle --------------------------------------------------------
+
+lcs = pytest.importorskip("libcachesim")
+
+
+def libcachesim_misses(trace, tmp_path, cache_class, capacity) -> int:
+    path = tmp_path / "trace.oracleGeneral.bin"
+    n = write_oracle_general(trace, path)
+    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    miss_ratio, _ = cache_class(capacity).process_trace(reader)
+    return round(miss_ratio * n)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_libcachesim_lru_lfu_belady_agree(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    n_experts, layers, k, rows = 24, 3, 4, 300
+    weights = 1 / np.arange(1, n_experts + 1) ** 0.9
+    experts = np.stack([np.stack([rng.choice(n_experts, k, replace=False, p=weights / weights.sum())
+                                  for _ in range(layers)]) for _ in range(rows)])
+    trace = make_trace(experts, n_experts=n_experts)
+    g = Geometry.of(trace)
+    for capacity in (1, 5, 17, 40):
+        assert misses(trace, "lru", capacity) == libcachesim_misses(trace, tmp_path, lcs.LRU, capacity)
+        assert misses(trace, "lfu", capacity) == libcachesim_misses(trace, tmp_path, lcs.LFU, capacity)
+        # libCacheSim's Belady always admits the newcomer: our MIN without bypass is the same policy
+        counts = np.zeros((layers, 2, 4), np.int64)
+        kernels.opt_replay(trace.experts, trace.phase, g.pools("global"), n_experts, np.array([capacity]),
+                           kernels.next_use(trace.experts, n_experts), False, counts)
+        admit_misses = int(counts[..., 1:].sum())
+        assert admit_misses == libcachesim_misses(trace, tmp_path, lcs.Belady, capacity)
+        assert misses(trace, "opt", capacity) <= admit_misses
+
+
+def test_static_profile_ranking_is_by_frequency():
+    trace = sequence_trace([2, 2, 2, 0, 1, 1], n_experts=3)
+    assert trace_profile(trace).tolist() == [2, 1, 0]
+
+
+def test_bad_cache_arguments_are_one_line_errors():
+    trace = sequence_trace(ABACB)
+    g = Geometry.of(trace)
+    with pytest.raises(InputError, match="policy"):
+        replay(trace, g, "fifo", "global", np.array([1]))
+    with pytest.raises(InputError, match="scope"):
+        replay(trace, g, "lru", "galaxy", np.array([1]))
+    with pytest.raises(InputError, match="prefill_mode"):
+        replay(trace, g, "opt", "global", np.array([1]), prefill_mode="append")
+    with pytest.raises(InputError, match="slots"):
+        parse_slots("3,x", 2, "slots")
+    with pytest.raises(InputError, match="expected 1 or 2"):
+        parse_slots("1,2,3", 2, "slots")
