@@ -129,12 +129,12 @@ def test_slab_uniform_model_equals_global_lru():
 
 
 def test_lru_cache_reports_slots_and_victims():
-    cache = LRUCache(4, np.array([2]))
-    outcome, slot, victim = cache.access(np.array([0, 1, 0, 2, 1]), 0)
+    cache = LRUCache(1, 4, np.array([2]))
+    outcome, slot, victim = cache.access(0, np.array([0, 1, 0, 2, 1]), 0)
     assert outcome.tolist() == [INSERT, INSERT, HIT, EVICT, EVICT]
     assert slot.tolist() == [0, 1, 0, 1, 0]  # C takes B's slot, then B takes A's
     assert victim.tolist() == [-1, -1, -1, 1, 0]
-    outcome, _, _ = cache.access(np.array([3]), 0, mode=MODE_APPEND)
+    outcome, _, _ = cache.access(0, np.array([3]), 0, mode=MODE_APPEND)
     assert outcome.tolist() == [DIRECT]
     cache.flush(0)
     assert not cache.resident().any() and cache.count(0) == 0

@@ -209,7 +209,8 @@ def test_glm_5_2_mtp_layer_is_its_own_class():
 
 def test_qwen38_iq3s_blob_sizes_match_strata():
     qwen = get_preset("qwen3.8-flash-next-iq3s")
-    assert (qwen.n_routed_layers, qwen.n_experts, qwen.top_k, qwen.hidden, qwen.expert_width) == (48, 512, 10, 2560, 640)
+    geometry = (qwen.n_routed_layers, qwen.n_experts, qwen.top_k, qwen.hidden, qwen.expert_width)
+    assert geometry == (48, 512, 10, 2560, 640)
     assert all(l.fused_gate_up and l.gate_bytes == l.up_bytes and l.down_type == "IQ4_NL" for l in qwen.layers)
     assert qwen.max_expert_bytes == 2_662_400  # observed max_blob (strata-engine.md §2.2)
     mean_mib = qwen.expert_bytes_per_layer().mean() / MiB
@@ -219,7 +220,8 @@ def test_qwen38_iq3s_blob_sizes_match_strata():
     for l in qwen.layers:
         counts[l.gate_type] = counts.get(l.gate_type, 0) + 1
     assert counts == {"IQ4_XS": 2, "IQ3_S": 3, "IQ3_XXS": 6, "IQ2_S": 37}
-    assert (qwen.layers[0].gate_type, qwen.layers[47].gate_type, qwen.layers[24].gate_type) == ("IQ4_XS", "IQ4_XS", "IQ2_S")
+    edges_and_middle = (qwen.layers[0].gate_type, qwen.layers[47].gate_type, qwen.layers[24].gate_type)
+    assert edges_and_middle == ("IQ4_XS", "IQ4_XS", "IQ2_S")
 
 
 def test_gpt_oss_experts_are_mxfp4():

@@ -326,9 +326,11 @@ def _read_or_input_error(path):
 
 
 def fuzz(n: int) -> settings:
-    """Deterministic (derandomized) runs of n cases, so the suite is reproducible and its runtime stable."""
-    return settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                    derandomize=True, database=None)
+    """n deterministic cases, so the suite is reproducible and its runtime stable. EXPERTSIM_FUZZ_SCALE=k
+    runs k*n random (not derandomized) cases instead, for a longer hunt."""
+    scale = int(os.environ.get("EXPERTSIM_FUZZ_SCALE", "1"))
+    return settings(max_examples=n * scale, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    derandomize=scale == 1, database=None)
 
 
 @fuzz(500)

@@ -120,13 +120,27 @@ def test_explicit_format_matches_auto(name, fmt):
     assert import_trace(FIXTURES / name, fmt).sha256() == import_trace(FIXTURES / name).sha256()
 
 
-def test_fast_and_slow_readers_agree(monkeypatch):
+def test_fast_and_slow_readers_agree(monkeypatch, tmp_path):
     """The Arrow reader and the line-by-line fallback give the same trace."""
     fast = {n: import_trace(FIXTURES / n) for n in ("vllm_raw_3layer.jsonl", "vllm_decode_2req.jsonl",
                                                    "generic.csv", "generic.jsonl")}
 
     def refuse(*args):
         raise importers._Slow
+
+    def fail(*args):
+        raise AssertionError("a clean file must take the Arrow reader")
+
+    with monkeypatch.context() as m:
+        m.setattr(importers, "_read_jsonl_slow", fail)
+        m.setattr(importers, "_read_csv_slow", fail)
+        for name in ("vllm_raw_3layer.jsonl", "vllm_decode_2req.jsonl", "generic.csv"):
+            import_trace(FIXTURES / name)
+        crlf = (FIXTURES / "generic.csv").read_bytes().replace(b"\n", b"\r\n\r\n")
+        path = tmp_path / "crlf.csv"
+        path.write_bytes(crlf)
+        assert import_trace(path).sha256() != fast["generic.csv"].sha256()  # same cells, other source hash
+        assert cells(import_trace(path)) == GENERIC_CELLS
 
     monkeypatch.setattr(importers, "_read_jsonl_fast", refuse)
     monkeypatch.setattr(importers, "_read_csv_fast", refuse)
@@ -423,8 +437,10 @@ def test_formats_constant():
 
 
 def fuzz(n: int) -> settings:
-    """Deterministic (derandomized) runs of n cases, so the suite is reproducible and its runtime stable."""
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+    """n deterministic cases, so the suite is reproducible and its runtime stable. EXPERTSIM_FUZZ_SCALE=k
+    runs k*n random (not derandomized) cases instead, for a longer hunt."""
+    scale = int(os.environ.get("EXPERTSIM_FUZZ_SCALE", "1"))
+    return settings(max_examples=n * scale, deadline=None, derandomize=scale == 1, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

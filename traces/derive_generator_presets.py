@@ -9,8 +9,11 @@ Inputs (never committed; see ../shared/data/README.md for provenance and license
   ds4-hotlist/deepseek-v4-flash.csv, deepseek-v4-pro.csv   antirez/ds4 @ 80ebbc396aee40eedc1d829222f3362d10fa4c6c,
                                                            ds4_streaming_hotlist.inc (as CSV), MIT
 
+    python traces/derive_generator_presets.py --calibrate-only   # only redo the generator calibration
+
 Output: only fitted parameters and summary statistics (per-layer numbers rounded to 3-4 digits), no heat
-vectors, no pair lists, no rank lists.
+vectors, no pair lists, no rank lists; plus a "calibration" section (working-set sizes and keep
+probabilities per preset, found by pilot runs of the generator; no data needed).
 
 Method
 ------
@@ -266,18 +269,48 @@ def derive() -> dict:
     return out
 
 
+def calibrate(stored: dict) -> dict:
+    """Per distinct routing spec: the calibrated working-set shifts and keep probabilities (slow: pilots)."""
+    sys.path.insert(0, str(ROOT))
+    import sim.trace.generate as gen
+
+    gen._derived.cache_clear()
+    out: dict = {}
+    for name in sorted(gen.GENERATOR_PRESETS):
+        key = gen.routing_key_hash(name)
+        if key in out:
+            out[key]["presets"].append(name)
+            continue
+        print(f"calibrating {name} ...", flush=True)
+        out[key] = dict(presets=[name], **gen.calibrate_preset(name))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare with the stored JSON instead of writing")
+    ap.add_argument("--check", action="store_true", help="compare the data-derived part with the stored JSON")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also recompute the generator calibration section (needs no data; minutes)")
+    ap.add_argument("--calibrate-only", action="store_true", help="recompute only the calibration section")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    text = json.dumps(derive(), indent=1, sort_keys=True) + "\n"
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if args.calibrate_only:
+        doc = {key: v for key, v in old.items() if key != "calibration"}
+    else:
+        doc = derive()
     if args.check:
-        same = args.out.exists() and args.out.read_text() == text
+        same = {key: v for key, v in old.items() if key != "calibration"} == json.loads(json.dumps(doc))
         print("up to date" if same else f"{args.out} differs from a fresh derivation")
         return 0 if same else 1
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(text)} bytes)")
+    doc["calibration"] = old.get("calibration", {})
+    args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    if args.calibrate or args.calibrate_only:
+        doc["calibration"] = calibrate(doc)
+        doc["calibration"]["_about"] = ("generator calibration (sim/trace/generate.py calibrate_preset) per routing "
+                                        "spec hash; a preset whose hash is absent calibrates at run time")
+        args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

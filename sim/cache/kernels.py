@@ -47,52 +47,77 @@ def lru_state(n_keys: int, capacity: np.ndarray) -> dict:
 
 # The access loop is written out once, here, with no function call inside it, not even a rarely taken
 # one: a call that takes arrays makes numba reference-count them and keeps LLVM from holding anything in
-# registers across it, which measured 5x slower. Callers batch a token step (or a run of layers) per call.
+# registers across it, which measured 5x slower. Whole traces and single engine steps both come here.
 @njit(cache=True)
-def lru_access_batch(keys, pools, n, mode, slot, prev, nxt, capacity, count, key_of_slot,
-                     outcome_out, slot_out, victim_out):
-    """Access keys[:n] in order (pools[i] = pool of keys[i]); per key write the outcome, the slot it
-    occupies (-1 for a direct load) and the evicted key (-1 if none)."""
+def lru_run(experts, phase, layer_ids, pool_of_layer, n_experts, prefill_mode,
+            slot, prev, nxt, capacity, count, key_of_slot, counts, outcome_out, slot_out, victim_out):
+    """Access every expert of experts[rows, j, k] (65535 = missing cell) in order; column j is model
+    layer layer_ids[j]. Decode rows evict, prefill rows use prefill_mode. Adds to
+    counts[layer, phase, outcome]; when outcome_out is not empty, also writes per access the outcome,
+    the slot used (-1 for a direct load) and the evicted key (-1 if none)."""
+    record = outcome_out.shape[0] > 0
     n_keys = slot.shape[0]
-    for i in range(n):
-        key = keys[i]
-        pool = pools[i]
-        head = n_keys + pool
-        victim_out[i] = -1
-        s = slot[key]
-        if s >= 0:
-            before = prev[key]
-            after = nxt[key]
-            nxt[before] = after
-            prev[after] = before
-            outcome_out[i] = HIT
-        elif count[pool] < capacity[pool]:
-            s = count[pool]
-            count[pool] = s + 1
-            slot[key] = s
-            key_of_slot[pool, s] = key
-            outcome_out[i] = INSERT
-        elif mode == MODE_APPEND or capacity[pool] == 0:
-            outcome_out[i] = DIRECT
-            slot_out[i] = -1
-            continue
-        else:
-            old = prev[head]
-            before = prev[old]
-            nxt[before] = head
-            prev[head] = before
-            s = slot[old]
-            slot[old] = -1
-            slot[key] = s
-            key_of_slot[pool, s] = key
-            victim_out[i] = old
-            outcome_out[i] = EVICT
-        first = nxt[head]
-        nxt[key] = first
-        prev[first] = key
-        nxt[head] = key
-        prev[key] = head
-        slot_out[i] = s
+    rows, columns, top_k = experts.shape
+    i = 0
+    for r in range(rows):
+        ph = phase[r]
+        mode = prefill_mode if ph == 0 else MODE_EVICT
+        for column in range(columns):
+            if experts[r, column, 0] == 0xFFFF:
+                continue
+            layer = layer_ids[column]
+            pool = pool_of_layer[layer]
+            head = n_keys + pool
+            base = layer * n_experts
+            hits = 0
+            inserts = 0
+            evictions = 0
+            for j in range(top_k):
+                key = base + experts[r, column, j]
+                s = slot[key]
+                victim = -1
+                if s >= 0:
+                    before = prev[key]
+                    after = nxt[key]
+                    nxt[before] = after
+                    prev[after] = before
+                    hits += 1
+                    outcome = HIT
+                elif count[pool] < capacity[pool]:
+                    s = count[pool]
+                    count[pool] = s + 1
+                    slot[key] = s
+                    key_of_slot[pool, s] = key
+                    inserts += 1
+                    outcome = INSERT
+                elif mode == MODE_APPEND or capacity[pool] == 0:
+                    outcome = DIRECT
+                else:
+                    victim = prev[head]
+                    before = prev[victim]
+                    nxt[before] = head
+                    prev[head] = before
+                    s = slot[victim]
+                    slot[victim] = -1
+                    slot[key] = s
+                    key_of_slot[pool, s] = key
+                    evictions += 1
+                    outcome = EVICT
+                if outcome != DIRECT:
+                    first = nxt[head]
+                    nxt[key] = first
+                    prev[first] = key
+                    nxt[head] = key
+                    prev[key] = head
+                if record:
+                    outcome_out[i] = outcome
+                    slot_out[i] = s
+                    victim_out[i] = victim
+                    i += 1
+            counts[layer, ph, HIT] += hits
+            counts[layer, ph, INSERT] += inserts
+            counts[layer, ph, EVICT] += evictions
+            counts[layer, ph, DIRECT] += top_k - hits - inserts - evictions
 
 
 @njit(cache=True)
@@ -109,66 +134,6 @@ def lru_flush_pool(pool, slot, prev, nxt, count, key_of_slot):
 
 
 @njit(cache=True)
-def _row_keys(experts, r, layer_from, layer_to, n_experts, pool_of_layer, keys, pools, layer_of):
-    """The keys of row r, layers [layer_from, layer_to), missing cells skipped; returns their count."""
-    n = 0
-    top_k = experts.shape[2]
-    for layer in range(layer_from, layer_to):
-        if experts[r, layer, 0] == 0xFFFF:
-            continue
-        base = layer * n_experts
-        pool = pool_of_layer[layer]
-        for j in range(top_k):
-            keys[n] = base + experts[r, layer, j]
-            pools[n] = pool
-            layer_of[n] = layer
-            n += 1
-    return n
-
-
-@njit(cache=True)
-def _count_outcomes(outcome, layer_of, n, top_k, ph, counts):
-    """Add a batch's outcomes to counts[layer, phase, outcome]; a cell's k accesses share a layer."""
-    for cell in range(0, n, top_k):
-        hit = 0
-        insert = 0
-        evict = 0
-        for i in range(cell, cell + top_k):
-            o = outcome[i]
-            hit += o == HIT
-            insert += o == INSERT
-            evict += o == EVICT
-        layer = layer_of[cell]
-        counts[layer, ph, HIT] += hit
-        counts[layer, ph, INSERT] += insert
-        counts[layer, ph, EVICT] += evict
-        counts[layer, ph, DIRECT] += top_k - hit - insert - evict
-
-
-@njit(cache=True)
-def lru_replay(experts, phase, pool_of_layer, n_experts, prefill_mode, slot, prev, nxt, capacity, count,
-               key_of_slot, counts):
-    """Whole-trace entry: experts uint16 [rows, layers, k] (65535 = missing cell), one batch per row.
-
-    Decode rows evict; prefill rows use `prefill_mode`. counts[layer, phase, outcome] is incremented.
-    """
-    rows, layers, top_k = experts.shape
-    width = layers * top_k
-    keys = np.empty(width, np.int64)
-    pools = np.empty(width, np.int64)
-    layer_of = np.empty(width, np.int64)
-    outcome = np.empty(width, np.int8)
-    slots = np.empty(width, np.int32)
-    victims = np.empty(width, np.int64)
-    for r in range(rows):
-        ph = phase[r]
-        n = _row_keys(experts, r, 0, layers, n_experts, pool_of_layer, keys, pools, layer_of)
-        lru_access_batch(keys, pools, n, prefill_mode if ph == 0 else MODE_EVICT, slot, prev, nxt, capacity,
-                         count, key_of_slot, outcome, slots, victims)
-        _count_outcomes(outcome, layer_of, n, top_k, ph, counts)
-
-
-@njit(cache=True)
 def slab_replay(experts, phase, class_of_layer, capacity_of_class, n_experts, prefill_mode,
                 slot, prev, nxt, capacity, count, key_of_slot, counts, size_changes):
     """ds4 before #504: one slab (pool 0) built for the last-seen expert size.
@@ -178,16 +143,12 @@ def slab_replay(experts, phase, class_of_layer, capacity_of_class, n_experts, pr
     """
     rows, layers, top_k = experts.shape
     pool_zero = np.zeros(layers, np.int64)
-    keys = np.empty(layers * top_k, np.int64)
-    pools = np.empty(layers * top_k, np.int64)
-    layer_of = np.empty(layers * top_k, np.int64)
-    outcome = np.empty(layers * top_k, np.int8)
-    slots = np.empty(layers * top_k, np.int32)
-    victims = np.empty(layers * top_k, np.int64)
+    layer_ids = np.arange(layers)
+    no_record = np.empty(0, np.int8)
+    no_slots = np.empty(0, np.int32)
+    no_victims = np.empty(0, np.int64)
     current = -1
     for r in range(rows):
-        ph = phase[r]
-        mode = prefill_mode if ph == 0 else MODE_EVICT
         start = 0
         while start < layers:
             # a run of layers of one size class, served by the slab as built for that size
@@ -205,10 +166,9 @@ def slab_replay(experts, phase, class_of_layer, capacity_of_class, n_experts, pr
                 lru_flush_pool(0, slot, prev, nxt, count, key_of_slot)
                 capacity[0] = capacity_of_class[c]
                 current = c
-            n = _row_keys(experts, r, start, stop, n_experts, pool_zero, keys, pools, layer_of)
-            lru_access_batch(keys, pools, n, mode, slot, prev, nxt, capacity, count, key_of_slot,
-                             outcome, slots, victims)
-            _count_outcomes(outcome, layer_of, n, top_k, ph, counts)
+            lru_run(experts[r:r + 1, start:stop], phase[r:r + 1], layer_ids[start:stop], pool_zero, n_experts,
+                    prefill_mode, slot, prev, nxt, capacity, count, key_of_slot, counts, no_record, no_slots,
+                    no_victims)
             start = stop
 
 

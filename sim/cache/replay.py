@@ -105,8 +105,9 @@ def parse_slots(text: str | int | list, n: int, field_name: str) -> np.ndarray:
 class LRUCache:
     """LRU pools whose state persists across calls: what an engine model drives step by step."""
 
-    def __init__(self, n_keys: int, capacity: np.ndarray):
-        self.state = kernels.lru_state(n_keys, capacity)
+    def __init__(self, n_layers: int, n_experts: int, capacity: np.ndarray):
+        self.n_experts = n_experts
+        self.state = kernels.lru_state(n_layers * n_experts, capacity)
 
     @property
     def capacity(self) -> np.ndarray:
@@ -115,15 +116,21 @@ class LRUCache:
     def count(self, pool: int) -> int:
         return int(self.state["count"][pool])
 
-    def access(self, keys: np.ndarray, pools: np.ndarray, mode: int = MODE_EVICT):
-        """Access keys in order. Returns (outcome, slot, evicted key or -1) per key."""
-        keys = np.ascontiguousarray(keys, np.int64)
-        pools = np.ascontiguousarray(np.broadcast_to(pools, keys.shape), np.int64)
-        outcome = np.empty(len(keys), np.int8)
-        slot = np.empty(len(keys), np.int32)
-        victim = np.empty(len(keys), np.int64)
-        s = self.state
-        kernels.lru_access_batch(keys, pools, len(keys), mode, *self._arrays(), outcome, slot, victim)
+    def access(self, layer: int, experts: np.ndarray, pool: int, mode: int = MODE_EVICT):
+        """One layer step: access these experts of `layer` in order, in `pool`.
+
+        Returns (outcome, slot, evicted key or -1) per expert; keys are layer * n_experts + expert."""
+        experts = np.ascontiguousarray(experts, np.uint16).reshape(1, 1, -1)
+        n = experts.shape[2]
+        outcome = np.empty(n, np.int8)
+        slot = np.empty(n, np.int32)
+        victim = np.empty(n, np.int64)
+        pool_of_layer = np.zeros(layer + 1, np.int64)
+        pool_of_layer[layer] = pool
+        counts = np.zeros((layer + 1, 2, 4), np.int64)
+        phase = np.full(1, 0 if mode == MODE_APPEND else 1, np.uint8)
+        kernels.lru_run(experts, phase, np.array([layer]), pool_of_layer, self.n_experts, mode,
+                        *self._arrays(), counts, outcome, slot, victim)
         return outcome, slot, victim
 
     def _arrays(self) -> tuple:
@@ -283,15 +290,16 @@ def replay(trace: Trace, geometry: Geometry, policy: str, scope: str, capacity: 
     mode = PREFILL_MODES[prefill_mode]
     counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
     experts, phase = trace.experts, trace.phase
-    n_keys = geometry.n_layers * geometry.n_experts
     extra: dict = {}
     if policy == "lru":
-        cache = LRUCache(n_keys, capacity)
-        kernels.lru_replay(experts, phase, pool_of_layer, geometry.n_experts, mode, *cache._arrays(), counts)
+        cache = LRUCache(geometry.n_layers, geometry.n_experts, capacity)
+        none = np.empty(0, np.int8)
+        kernels.lru_run(experts, phase, np.arange(geometry.n_layers), pool_of_layer, geometry.n_experts, mode,
+                        *cache._arrays(), counts, none, none.astype(np.int32), none.astype(np.int64))
     elif policy == "ds4-slab":
         # The slab's capacity is rebuilt per size class: one count per class (or one for all).
         per_class = capacity if len(capacity) == geometry.n_classes else np.repeat(capacity[:1], geometry.n_classes)
-        cache = LRUCache(n_keys, np.array([per_class.max()]))
+        cache = LRUCache(geometry.n_layers, geometry.n_experts, np.array([per_class.max()]))
         changes = np.zeros(1, np.int64)
         kernels.slab_replay(experts, phase, geometry.class_of_layer.astype(np.int64), per_class,
                             geometry.n_experts, mode, *cache._arrays(), counts, changes)

@@ -64,20 +64,33 @@ class _ReadPastEnd(Exception):
 
 
 class _HeaderReader(GGUFReader):
-    """gguf's header parser with two guards.
+    """gguf's header parser with guards against corrupt lengths, and raw tensor infos.
 
-    `_get` refuses to read past the end of the file: gguf's own returns a short array there, so a
-    corrupt array length would loop for up to 2**64 empty reads. `_build_tensors` keeps the raw tensor
-    infos instead of mapping every tensor's data and looking its type up in gguf's enum.
+    gguf's `_get` returns a short array past the end of the file, and its array parser loops once per
+    claimed item, so one corrupt array length means up to 2**64 rounds. Here `_get` refuses to read past
+    the end, and an array whose items cannot fit in the rest of the file is refused before the loop.
+    `_build_tensors` keeps the raw tensor infos instead of mapping every tensor's data and looking its
+    type up in gguf's enum.
     """
 
+    def _past_end(self, offset: int, n_bytes: int) -> None:
+        if offset + n_bytes > self.data.shape[0]:
+            raise _ReadPastEnd(f"a header field at byte {offset} claims {n_bytes} bytes, past the end of the "
+                               f"file ({self.data.shape[0]} bytes)")
+
     def _get(self, offset, dtype, count=1, override_order=None):
-        end = int(offset) + np.dtype(dtype).itemsize * int(count)
-        if end > self.data.shape[0]:
-            return super()._get(offset, dtype, count, override_order)
-            raise _ReadPastEnd(f"a header field at byte {int(offset)} runs past the end of the file "
-                               f"({self.data.shape[0]} bytes)")
+        self._past_end(int(offset), np.dtype(dtype).itemsize * int(count))
         return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if raw_type == GGUFValueType.ARRAY:
+            item_type = int(self._get(orig_offs, np.uint32)[0])
+            count = int(self._get(orig_offs + 4, np.uint64)[0])
+            scalar = self.gguf_scalar_to_np.get(item_type)
+            # The smallest an item can be: a scalar's size; a string's u64 length; an array's type + length.
+            item_bytes = np.dtype(scalar).itemsize if scalar else 8 if item_type == GGUFValueType.STRING else 12
+            self._past_end(orig_offs + 12, count * item_bytes)
+        return super()._get_field_parts(orig_offs, raw_type)
 
     def _build_tensors(self, start_offs, fields) -> None:
         self.raw_tensors: list[_RawTensor] = []
@@ -285,8 +298,8 @@ def read_gguf(path: str | Path) -> GgufModel:
         if fused:
             gate_up = parts["gate_up"]
             half = gate_up.expert_bytes // 2  # ne1 is even, so the byte count splits exactly
-            gate, up = _Part(gate_up.qt, half, gate_up.starts), _Part(gate_up.qt, half, [s + half for s in gate_up.starts])
-            parts = {"gate": gate, "up": up, "down": parts["down"]}
+            parts = {"gate": _Part(gate_up.qt, half, gate_up.starts),
+                     "up": _Part(gate_up.qt, half, [s + half for s in gate_up.starts]), "down": parts["down"]}
         layers.append(ExpertLayer(
             block, *(parts[p].qt.name for p in PARTS), *(parts[p].expert_bytes for p in PARTS),
             fused_gate_up=fused, mtp=block >= first_mtp_block))

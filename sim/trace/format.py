@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,13 @@ class Trace:
         return self
 
     def sha256(self) -> str:
-        """Content hash of the routing (not of a file's bytes): stable across Parquet writers."""
+        """Content hash of the routing (not of a file's bytes): stable across Parquet writers.
+
+        Computed once per Trace: a trace's arrays are treated as immutable once built."""
+        return self._sha256
+
+    @cached_property
+    def _sha256(self) -> str:
         digest = hashlib.sha256()
         digest.update(self.header.to_json().encode())
         for arr in (self.request, self.position, self.phase, self.experts):
@@ -166,7 +173,8 @@ def _header_from(path: str, meta: dict | None) -> TraceHeader:
         raw = json.loads(meta[METADATA_KEY])
         header = TraceHeader(**raw)
     except (ValueError, TypeError, RecursionError) as exc:
-        raise InputError(path, "expertsim.trace header", meta[METADATA_KEY][:80], f"unreadable: {' '.join(str(exc).split())}") from None
+        why = " ".join(str(exc).split())  # one line
+        raise InputError(path, "expertsim.trace header", meta[METADATA_KEY][:80], f"unreadable: {why}") from None
     if header.format_version != FORMAT_VERSION:
         raise InputError(path, "format_version", header.format_version, f"this expertsim reads {FORMAT_VERSION}")
     for name in ("n_layers", "n_experts", "top_k"):
@@ -212,7 +220,8 @@ def read_trace(path: str | Path) -> Trace:
     except FileNotFoundError:
         raise InputError(where, "path", where, "no such file") from None
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(where, "parquet", type(exc).__name__, f"not a readable Parquet file: {' '.join(str(exc).split())}") from None
+        why = " ".join(str(exc).split())  # Arrow messages can span lines; an InputError is one line
+        raise InputError(where, "parquet", type(exc).__name__, f"not a readable Parquet file: {why}") from None
     header = _header_from(where, table.schema.metadata)
     try:
         names = table.column_names

@@ -73,11 +73,11 @@ _COACT = dict(group_size_frac=1 / 32, partner_prob=0.3,
               source="mbolt within-layer pairs: lift up to ~35-800, kept pairs (lift >= 1.5) 17-25 % of all "
                      "pairs on Qwen3-30B-A3B; GLM-5.2 top pair co-fires on 7.5 % of tokens at lift 5.1, "
                      "p99 lift ~15 (colibri #119)")
-_CROSS = dict(contexts=8, stick=0.75, boost_first=1.6, boost_last=2.6,
+_CROSS = dict(contexts=4, stick=0.0, boost_first=6.0, boost_last=50.0,
               source="OLMoE rank-aligned MI 3 % (layers 0->7) to 6-8 % (7->15) of the entropy (allenai/OLMoE "
                      "counts, routing-traces.md §1 #3); adjacent-layer Jaccard 0.017 vs 0.016 shuffle (mbolt)")
-_SEGMENT = dict(mean_tokens=256, drift=0.15,
-                source="no measurement: a request's working set drifts slowly (15 % of the tilt variance "
+_SEGMENT = dict(mean_tokens=256, drift=0.05,
+                source="no measurement: a request's working set drifts slowly (5 % of the tilt variance "
                        "replaced every ~256 tokens) so that very long requests do not freeze one hot set")
 
 
@@ -330,17 +330,18 @@ def _rank_popularity(spec: dict, geo: _Geometry, hash_layers: set[int], seed: in
     return p, used
 
 
-def _inclusion(u: np.ndarray, k: int) -> np.ndarray:
+def _inclusion(u: np.ndarray, k: int, lam: np.ndarray | None = None, steps: int = 40):
     """Inclusion probabilities of k picks without replacement with weights u (last axis), by the
-    exponential-clock approximation pi_e = 1 - exp(-lam u_e) with sum pi = k."""
+    exponential-clock approximation pi_e = 1 - exp(-lam u_e) with sum pi = k. Returns (pi, lam)."""
     u = u / u.sum(axis=-1, keepdims=True)
-    lam = np.full(u.shape[:-1] + (1,), float(k))
-    for _ in range(40):
+    if lam is None:
+        lam = np.full(u.shape[:-1] + (1,), float(k))
+    for _ in range(steps):
         ex = np.exp(-lam * u)
         f = (1 - ex).sum(-1, keepdims=True) - k
         df = (u * ex).sum(-1, keepdims=True)
         lam = np.maximum(lam - f / np.maximum(df, 1e-300), 1e-9)
-    return 1 - np.exp(-lam * u)
+    return 1 - np.exp(-lam * u), lam
 
 
 # --------------------------------------------------------------------------------------- kernel
@@ -391,23 +392,29 @@ def _search(cum, x):
 
 
 @nb.njit(cache=True)
-def _build_cum(cum, w, sigma, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer):
+def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer):
     e_n = w.shape[1]
     a = math.sqrt(1.0 - eta * eta)
     for c in range(n_ctx):
         acc = 0.0
         for e in range(e_n):
             u = w[layer, e]
-            if sigma[layer] > 0.0:
-                u *= math.exp(sigma[layer] * (a * zg[layer, group_of[layer, e]] + eta * zi[layer, e]))
-            if n_ctx > 1 and ctx_of[layer, e] == c:
+            inside = True
+            if local[layer]:
+                z = a * zg[layer, group_of[layer, e]] + eta * zi[layer, e]
+                if z <= thr[layer, e]:
+                    u *= leak  # outside the request's working set: a small, untilted weight
+                    inside = False
+                else:
+                    u *= math.exp(sigma[layer] * z)
+            if inside and n_ctx > 1 and ctx_of[layer, e] == c:
                 u *= kappa[layer]
             acc += u
             cum[layer, c, e] = acc
 
 
 @nb.njit(cache=True)
-def _kernel(seed, n_req, prompt, decode, k, w, sigma, eta, group_of, members, gstart, n_groups,
+def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, group_of, members, gstart, n_groups,
             ctx_of, n_ctx, kappa, stick, rho, partner, seg_p, drift, is_hash, vocab_cum, hash_seed):
     n_layers, e_n = w.shape
     steps = prompt + decode
@@ -424,6 +431,7 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, eta, group_of, members, gs
     cum = np.zeros((n_layers, n_ctx, e_n))
     prev = np.zeros((n_layers, k), np.int64)
     sel = np.zeros(k, np.int64)
+    srt = np.zeros(k, np.int64)
     any_hash = False
     for layer in range(n_layers):
         if is_hash[layer]:
@@ -439,19 +447,19 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, eta, group_of, members, gs
                 zg[layer, g] = _normal(st)
             for e in range(e_n):
                 zi[layer, e] = _normal(st)
-            _build_cum(cum, w, sigma, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
+            _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
         ctx = 0
         for t in range(steps):
             ph = 0 if t < prompt else 1
             if t > 0 and seg_p > 0.0 and _rand(st) < seg_p:
                 for layer in range(n_layers):
-                    if is_hash[layer] or sigma[layer] <= 0.0:
+                    if is_hash[layer] or not local[layer]:
                         continue
                     for g in range(n_groups[layer]):
                         zg[layer, g] = keep_d * zg[layer, g] + add_d * _normal(st)
                     for e in range(e_n):
                         zi[layer, e] = keep_d * zi[layer, e] + add_d * _normal(st)
-                    _build_cum(cum, w, sigma, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
+                    _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
             if n_ctx > 1 and (t == 0 or _rand(st) >= stick):
                 ctx = int(_rand(st) * n_ctx)
             tid = 0
@@ -491,26 +499,67 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, eta, group_of, members, gs
                             s0 = gstart[layer, g]
                             size = gstart[layer, g + 1] - s0
                             if size > 1:
-                                y = members[layer, s0 + int(_rand(st) * size)]
-                                dup = False
-                                for j in range(n):
-                                    if sel[j] == y:
-                                        dup = True
-                                        break
-                                if not dup:
-                                    x = y
+                                # a group mate not yet picked, by its current weight (so the working
+                                # set and the token's context still apply)
+                                tot = 0.0
+                                for i in range(size):
+                                    y = members[layer, s0 + i]
+                                    dup = False
+                                    for j in range(n):
+                                        if sel[j] == y:
+                                            dup = True
+                                            break
+                                    if not dup:
+                                        tot += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                if tot > 0.0:
+                                    pick = _rand(st) * tot
+                                    for i in range(size):
+                                        y = members[layer, s0 + i]
+                                        dup = False
+                                        for j in range(n):
+                                            if sel[j] == y:
+                                                dup = True
+                                                break
+                                        if dup:
+                                            continue
+                                        x = y
+                                        pick -= c[y] - (c[y - 1] if y > 0 else 0.0)
+                                        if pick <= 0.0:
+                                            break
                         if x < 0:
-                            for _ in range(64):
-                                y = _search(c, _rand(st) * total)
-                                dup = False
+                            # an exact draw without replacement: a point of the range with the picked
+                            # experts cut out, mapped back onto cum by adding the widths of the cut
+                            # intervals below it (picked ids visited in ascending order)
+                            removed = 0.0
+                            for j in range(n):
+                                y = sel[j]
+                                srt[j] = y
+                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                            for j in range(1, n):
+                                y = srt[j]
+                                i = j - 1
+                                while i >= 0 and srt[i] > y:
+                                    srt[i + 1] = srt[i]
+                                    i -= 1
+                                srt[i + 1] = y
+                            left = total - removed
+                            if left > total * 1e-9:
+                                xx = _rand(st) * left
+                                for j in range(n):
+                                    y = srt[j]
+                                    if (c[y - 1] if y > 0 else 0.0) <= xx:
+                                        xx += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                    else:
+                                        break
+                                y = _search(c, xx)
+                                ok = c[y] - (c[y - 1] if y > 0 else 0.0) > 0.0
                                 for j in range(n):
                                     if sel[j] == y:
-                                        dup = True
+                                        ok = False
                                         break
-                                if not dup:
+                                if ok:
                                     x = y
-                                    break
-                        if x < 0:  # pathological weights: take the first free id from a random start
+                        if x < 0:  # fewer than k experts with weight: take a free id from a random start
                             y = int(_rand(st) * e_n)
                             while True:
                                 dup = False
@@ -538,9 +587,13 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, eta, group_of, members, gs
 class _Model:
     name: str
     geo: _Geometry
-    w: np.ndarray            # [L, E] base weights (tilt-corrected)
+    w: np.ndarray            # [L, E] base weights (corrected so the long-run marginal is q_target / k)
     q_target: np.ndarray     # [L, E] target marginal inclusion per token
-    sigma: np.ndarray
+    sigma: np.ndarray        # [L] log-normal spread of the request tilt inside the working set
+    shift: np.ndarray        # [L] working-set size knob c_l (calibrated): larger = larger set
+    pop_pref: float          # lambda: how much more likely popular experts are in a request's set
+    leak: float              # weight factor of experts outside the working set
+    local: np.ndarray        # [L] bool: layer has request working sets
     eta: float
     group_of: np.ndarray
     members: np.ndarray
@@ -559,11 +612,18 @@ class _Model:
     hash_seed: int
     calibrated: dict
 
+    @property
+    def thr(self) -> np.ndarray:
+        """[L, E] tilt threshold: expert e is in a request's working set when its z exceeds thr."""
+        e = self.geo.n_experts
+        pref = np.log(np.maximum(self.q_target / self.geo.top_k * e, 1e-12))
+        return -(self.pop_pref * pref + self.shift[:, None])
+
     def run(self, seed: int, n_req: int, prompt: int, decode: int) -> np.ndarray:
-        return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w, self.sigma, self.eta,
-                       self.group_of, self.members, self.gstart, self.n_groups, self.ctx_of, self.n_ctx,
-                       self.kappa, self.stick, self.rho, self.partner, self.seg_p, self.drift, self.is_hash,
-                       self.vocab_cum, np.uint64(self.hash_seed))
+        return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w, self.sigma, self.thr,
+                       self.leak, self.local, self.eta, self.group_of, self.members, self.gstart, self.n_groups,
+                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.partner, self.seg_p,
+                       self.drift, self.is_hash, self.vocab_cum, np.uint64(self.hash_seed))
 
 
 def _interp_shape(knots, n: int) -> np.ndarray:
@@ -627,25 +687,48 @@ def _groups(rank_to_expert: np.ndarray, size: int, rng) -> tuple[np.ndarray, np.
     return group_of, members, gstart, n_groups
 
 
+# Bump when the kernel or the calibration changes meaning: stored calibrations then no longer match.
+CALIBRATION_VERSION = 1
+
+
 @functools.lru_cache(maxsize=None)
 def _routing_key(name: str) -> str:
+    """Everything the generated routing depends on (not the preset's name or its documentation)."""
     spec = GENERATOR_PRESETS[name]
     body = {key: v for key, v in spec.items() if key not in ("model", "targets")}
     geo = _geometry(spec["model"])
-    return json.dumps([body, geo.n_layers, geo.n_experts, geo.top_k], sort_keys=True)
+    return json.dumps([CALIBRATION_VERSION, body, geo.n_layers, geo.n_experts, geo.top_k], sort_keys=True)
+
+
+def routing_key_hash(name: str) -> str:
+    return hashlib.sha256(_routing_key(name).encode()).hexdigest()[:16]
+
+
+def _stored_calibration(key: str) -> dict | None:
+    entry = _derived().get("calibration", {}).get(hashlib.sha256(key.encode()).hexdigest()[:16])
+    return entry
 
 
 @functools.lru_cache(maxsize=None)
-def _build_cached(key: str) -> _Model:
-    body, n_layers, n_experts, top_k = json.loads(key)
-    return _build(body, _Geometry(n_layers, n_experts, top_k), _model_seed(key))
+def _build_cached(key: str, calibrate: bool = False) -> _Model:
+    _, body, n_layers, n_experts, top_k = json.loads(key)
+    stored = None if calibrate else _stored_calibration(key)
+    return _build(body, _Geometry(n_layers, n_experts, top_k), _model_seed(key), stored)
 
 
-def _model(name: str) -> _Model:
-    return _build_cached(_routing_key(name))
+def _model(name: str, calibrate: bool = False) -> _Model:
+    """The routing model of a preset: stored calibration when it matches, else calibrated now (seconds)."""
+    return _build_cached(_routing_key(name), calibrate)
 
 
-def _build(spec: dict, geo: _Geometry, seed: int) -> _Model:
+def calibrate_preset(name: str) -> dict:
+    """Run the calibration of a preset from scratch; returns what generator_presets.json stores for it."""
+    model = _model(name, calibrate=True)
+    c = model.calibrated
+    return dict(working_set_shift=c["working_set_shift"], rho_prefill=c["rho_prefill"], rho_decode=c["rho_decode"])
+
+
+def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) -> _Model:
     rng = np.random.default_rng(seed)
     n, e, k = geo.n_layers, geo.n_experts, geo.top_k
     hash_layers = set(spec.get("hash_layers", ()))
@@ -672,14 +755,16 @@ def _build(spec: dict, geo: _Geometry, seed: int) -> _Model:
 
     cross = spec["cross_layer"]
     n_ctx = int(cross["contexts"]) if e >= 16 else 1
-    ctx_of = rng.integers(0, max(n_ctx, 1), size=(n, e)).astype(np.int32)
+    # Contexts hold whole co-activation groups (so a partner pick stays in the token's context) and have
+    # about equal popularity mass: groups are runs of similar rank, dealt out to the contexts in blocks.
+    ctx_of = np.zeros((n, e), np.int32)
+    for layer in range(n):
+        ng = int(n_groups[layer])
+        deal = np.concatenate([rng.permutation(n_ctx) for _ in range(-(-ng // n_ctx))])[:ng]
+        ctx_of[layer] = deal[group_of[layer]]
     kappa = np.linspace(cross["boost_first"], cross["boost_last"], n)
 
     seg = spec["segments"]
-    seg_p = 1.0 / seg["mean_tokens"]
-    drift = float(seg["drift"])
-    eta = 0.5
-
     hr = spec.get("hash_routing")
     if hr:
         v = np.arange(hr["vocab"], dtype=float)
@@ -687,51 +772,80 @@ def _build(spec: dict, geo: _Geometry, seed: int) -> _Model:
     else:
         vocab_cum = np.ones(1)
 
-    # base weights from the target inclusion (no tilt), then calibrate
-    w = -np.log1p(-q_target)
-    w /= w.sum(1, keepdims=True)
-    model = _Model(spec.get("model", ""), geo, w, q_target, np.zeros(n), eta, group_of, members, gstart, n_groups,
-                   ctx_of, n_ctx, kappa, float(cross["stick"]), np.zeros((2, n)), partner, seg_p, drift, is_hash,
-                   vocab_cum, seed & 0x7FFF_FFFF_FFFF_FFFF, {})
+    loc = spec.get("locality") or {}
     reuse_t = _reuse_targets(spec, n, hash_layers)
     union_t = _union_targets(spec, geo, q_target, hash_layers)
-    model.rho = np.where(np.isnan(reuse_t), 0.0, reuse_t * 0.8)
-    _calibrate(model, reuse_t, union_t, rng)
+    local = np.zeros(n, bool) if union_t is None else ~np.isnan(union_t[1])
+    w = -np.log1p(-q_target)  # exponential-clock weights that give inclusion q_target without a tilt
+    w /= w.sum(1, keepdims=True)
+    model = _Model(spec.get("model", ""), geo, w, q_target,
+                   sigma=np.where(local, float(loc.get("tilt_sigma", 0.5)), 0.0), shift=np.zeros(n),
+                   pop_pref=float(loc.get("popularity_preference", 0.5)), leak=float(loc.get("leak", 0.0)),
+                   local=local, eta=float(loc.get("own_share", 0.5)), group_of=group_of, members=members,
+                   gstart=gstart, n_groups=n_groups, ctx_of=ctx_of, n_ctx=n_ctx, kappa=kappa,
+                   stick=float(cross["stick"]), rho=np.where(np.isnan(reuse_t), 0.0, reuse_t * 0.8),
+                   partner=partner, seg_p=1.0 / seg["mean_tokens"], drift=float(seg["drift"]), is_hash=is_hash,
+                   vocab_cum=vocab_cum, hash_seed=seed & 0x7FFF_FFFF_FFFF_FFFF, calibrated={})
+    w0 = model.w.copy()
+    if stored is None:
+        _calibrate(model, reuse_t, union_t, rng)
+        origin = "calibrated at run time (no stored calibration matches this preset)"
+    else:
+        model.shift = np.array(stored["working_set_shift"], float)
+        model.rho = np.array([stored["rho_prefill"], stored["rho_decode"]], float)
+        origin = "generator_presets.json"
     model.calibrated = dict(
+        origin=origin,
         popularity=pop_used,
-        sigma=[round(float(x), 4) for x in model.sigma],
+        working_set_shift=[round(float(x), 4) for x in model.shift],
         rho_prefill=[round(float(x), 4) for x in model.rho[0]],
         rho_decode=[round(float(x), 4) for x in model.rho[1]],
         reuse_target_prefill=[None if math.isnan(x) else round(float(x), 4) for x in reuse_t[0]],
         reuse_target_decode=[None if math.isnan(x) else round(float(x), 4) for x in reuse_t[1]],
         union_target=None if union_t is None else dict(
             chunk_tokens=union_t[0], distinct=[None if math.isnan(x) else round(float(x), 2) for x in union_t[1]]),
-        group_size=size, contexts=n_ctx, tilt_group_share=round(1 - eta * eta, 3),
-        model_seed=seed)
-    # the kernel runs on exactly the recorded (rounded) values
-    model.sigma = np.array(model.calibrated["sigma"])
+        group_size=size, contexts=n_ctx, model_seed=seed)
+    # the kernel runs on exactly the recorded (rounded) values; the base weights are then corrected for
+    # them with a fixed random stream, the same whether the calibration was stored or just computed
+    model.shift = np.array(model.calibrated["working_set_shift"])
     model.rho = np.array([model.calibrated["rho_prefill"], model.calibrated["rho_decode"]])
+    model.w = w0
+    _correct_marginal(model, np.random.default_rng([seed, 0xC0FFEE]))
     return model
 
 
-def _correct_marginal(model: _Model, rng, n_mc: int = 24, iters: int = 8) -> None:
-    """Adjust base weights so the mean per-token inclusion over request tilts equals q_target."""
+def _tilt_samples(model: _Model, rng, n_mc: int) -> np.ndarray:
+    """[n_mc * contexts, L, E] weight factors of random request working sets times each context's boost."""
     n, e = model.w.shape
-    k = model.geo.top_k
-    routed = ~model.is_hash & (model.sigma > 0)
-    if not routed.any():
-        return
     a = math.sqrt(1 - model.eta ** 2)
-    zg = rng.standard_normal((n_mc, n, model.members.shape[1]))
+    zg = rng.standard_normal((n_mc, n, e))
     zi = rng.standard_normal((n_mc, n, e))
     z = a * np.take_along_axis(zg, np.broadcast_to(model.group_of[None].astype(np.int64), zg.shape), 2) \
         + model.eta * zi
-    tilt = np.exp(model.sigma[None, :, None] * z)                      # [mc, L, E]
+    inside = (z > model.thr[None]) | ~model.local[None, :, None]
+    tilt = np.where(model.local[None, :, None], np.exp(model.sigma[None, :, None] * z), 1.0)
+    if model.n_ctx > 1:
+        boost = np.where(model.ctx_of[None] == np.arange(model.n_ctx)[:, None, None], model.kappa[None, :, None], 1.0)
+        tilt = tilt[:, None] * boost[None]
+        inside = inside[:, None]
+    tilt = np.where(inside, tilt, model.leak)
+    return tilt.reshape(-1, n, e)
+
+
+def _correct_marginal(model: _Model, rng, n_mc: int = 16, iters: int = 8) -> None:
+    """Adjust base weights so that the mean per-token inclusion over request working sets and token
+    contexts equals q_target (routed layers)."""
+    fix = ~model.is_hash
+    if not fix.any():
+        return
+    k = model.geo.top_k
+    tilt = _tilt_samples(model, rng, n_mc if model.local.any() else 1)
     w = model.w.copy()
     target = np.maximum(model.q_target, 1e-7)
-    for _ in range(iters):
-        incl = _inclusion(w[None] * tilt, k).mean(0)
-        w = np.where(routed[:, None], w * (target / np.maximum(incl, 1e-12)) ** 0.9, w)
+    lam = None
+    for i in range(iters):
+        incl, lam = _inclusion(w[None] * tilt, k, lam, 40 if i == 0 else 8)
+        w = np.where(fix[:, None], w * (target / np.maximum(incl.mean(0), 1e-12)) ** 0.9, w)
         w /= w.sum(1, keepdims=True)
     model.w = w
 
@@ -768,26 +882,62 @@ def _calibrate_rho(model: _Model, reuse_t: np.ndarray, rounds: int, seed: int) -
         model.rho = np.where(ok, new, 0.0)
 
 
+def _norm_cdf(x: np.ndarray) -> np.ndarray:
+    """Standard normal CDF (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
+    z = np.abs(x) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-z * z)
+    return 0.5 * (1.0 + np.sign(x) * erf)
+
+
+def _shift_for_size(model: _Model, size: np.ndarray) -> np.ndarray:
+    """Per-layer shift c_l such that the expected working-set size sum_e Phi(lambda pref_e + c_l) = size."""
+    e = model.geo.n_experts
+    pref = model.pop_pref * np.log(np.maximum(model.q_target / model.geo.top_k * e, 1e-12))
+    lo = np.full(model.geo.n_layers, -12.0)
+    hi = np.full(model.geo.n_layers, 12.0)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        small = _norm_cdf(pref + mid[:, None]).sum(1) < size
+        lo = np.where(small, mid, lo)
+        hi = np.where(small, hi, mid)
+    return 0.5 * (lo + hi)
+
+
 def _calibrate(model: _Model, reuse_t: np.ndarray, union_t, rng) -> None:
     seed = 7_777
-    if union_t is None:
+    if union_t is None or not model.local.any():
+        _correct_marginal(model, rng)
         _calibrate_rho(model, reuse_t, 3, seed)
         return
     chunk, target = union_t
-    has = ~np.isnan(target)
     n_req = max(4, min(16, 4096 // chunk))
-    # bisection on log(1 + sigma) per layer, then the marginal correction, then reuse; twice
+    e, k = model.geo.n_experts, model.geo.top_k
+    # Working-set size per layer: the union grows with the set size, except for tiny sets, where the k picks
+    # exhaust the set and spill into the leak. So scan a grid of sizes from the full set downwards, take
+    # the first bracket where the union falls to the target, and refine it by bisection. Then the
+    # marginal correction and the reuse calibration; all twice, since each step moves the others a little.
+    n_layers = model.geo.n_layers
+    sizes = np.linspace(float(e), min(3.0 * k, float(e)), 12)
     for outer in range(2):
-        lo = np.zeros(model.geo.n_layers)
-        hi = np.full(model.geo.n_layers, math.log1p(4.0))
-        for step in range(9):
+        unions = np.empty((sizes.size, n_layers))
+        for i, size in enumerate(sizes):
+            model.shift = np.where(model.local, _shift_for_size(model, np.full(n_layers, size)), 0.0)
+            unions[i] = _pilot_union(model, chunk, n_req, seed + 100 * outer + i)
+        below = unions <= target[None, :]
+        first = np.where(below.any(0), below.argmax(0), sizes.size - 1)
+        hi = sizes[np.maximum(first - 1, 0)]
+        lo = sizes[first]
+        lo = np.where(first == 0, sizes[0], lo)  # full set already narrow enough: keep it
+        for step in range(4):
             mid = 0.5 * (lo + hi)
-            model.sigma = np.where(has, np.expm1(mid), 0.0)
-            u = _pilot_union(model, chunk, n_req, seed + 100 * outer + step)
+            model.shift = np.where(model.local, _shift_for_size(model, mid), 0.0)
+            u = _pilot_union(model, chunk, n_req, seed + 100 * outer + 50 + step)
             too_wide = u > target
-            lo = np.where(too_wide, mid, lo)
-            hi = np.where(too_wide, hi, mid)
-        model.sigma = np.where(has, np.expm1(0.5 * (lo + hi)), 0.0)
+            hi = np.where(too_wide, mid, hi)
+            lo = np.where(too_wide, lo, mid)
+        model.shift = np.where(model.local, _shift_for_size(model, 0.5 * (lo + hi)), 0.0)
         _correct_marginal(model, rng)
         _calibrate_rho(model, reuse_t, 2, seed + 1000 * (outer + 1))
 

@@ -34,10 +34,10 @@ FORMATS = ("auto", "vllm-jsonl", "csv", "jsonl")
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-# A trace may hold at most this many cells per input record (or 2**20 cells in all, whichever is more):
-# a corrupt position or layer number would otherwise ask for an absurd allocation.
+# A trace may hold at most this many (token, layer) cells per input record, or 2**22 cells in all,
+# whichever is more: a corrupt position or layer number would otherwise ask for an absurd allocation.
 MAX_CELLS_PER_RECORD = 64
-MIN_CELL_ALLOWANCE = 1 << 20
+MIN_CELL_ALLOWANCE = 1 << 22
 PHASE_WORDS = ("prefill", "decode", "0", "1")  # index % 2 is the phase code
 
 # Field kinds of the line formats: int (JSON integer), key (string or integer, compared as text),
@@ -69,7 +69,7 @@ def import_trace(path: str | Path, fmt: str = "auto", *, n_experts: int | None =
         raise InputError(where, "path", where, "no such file") from None
     except OSError as exc:
         raise InputError(where, "path", where, f"cannot read: {exc.strerror or exc}") from None
-    if not data.strip():
+    if not data or data.isspace():
         raise InputError(where, "file", f"{len(data)} bytes", "empty file: no records")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise InputError(where, "top_k", top_k, "must be a positive integer")
@@ -140,19 +140,35 @@ def _detect(where: str, data: bytes) -> str:
 # ------------------------------------------------------------------------------------------- readers
 
 
-def _content_lines(data: bytes, blank=(9, 10, 13, 32)) -> np.ndarray:
-    """1-based numbers of the lines holding anything but `blank` bytes (the records' lines)."""
+def _line_scan(data: bytes, blank: bytes = b" \t\r\n") -> tuple[np.ndarray, bool]:
+    """(1-based numbers of the lines holding anything but `blank` bytes, whether each of those lines
+    starts with '{' and ends with '}' after blanks). Works on the newline positions only; the few lines
+    that start or end with a blank byte are looked at one by one."""
     buf = np.frombuffer(data, np.uint8)
     newlines = np.flatnonzero(buf == 10)
     starts = np.concatenate(([0], newlines + 1))
     ends = np.concatenate((newlines, [len(buf)]))
-    content = np.concatenate(([0], np.cumsum(~np.isin(buf, blank), dtype=np.int64)))
-    return np.flatnonzero(content[ends] - content[starts] > 0) + 1
+    is_blank = np.zeros(256, dtype=bool)
+    is_blank[list(blank)] = True
+    nonempty = ends > starts
+    first = np.full(len(starts), 32, dtype=np.uint8)
+    last = first.copy()
+    first[nonempty] = buf[starts[nonempty]]
+    last[nonempty] = buf[ends[nonempty] - 1]
+    content = nonempty & ~is_blank[first] & ~is_blank[last]
+    for i in np.flatnonzero(nonempty & ~content):  # lines padded with blanks, or blank lines
+        stripped = data[starts[i]:ends[i]].strip(blank)
+        if stripped:
+            content[i] = True
+            first[i], last[i] = stripped[0], stripped[-1]
+    objects = bool((first[content] == ord("{")).all() and (last[content] == ord("}")).all())
+    return np.flatnonzero(content) + 1, objects
 
 
 def _first_line(data: bytes, blank: bytes) -> tuple[int, bytes]:
     """(1-based number, bytes) of the first line holding anything but `blank` bytes."""
-    offset = len(data) - len(data.lstrip(blank))
+    solid = re.compile(b"[^" + re.escape(blank) + b"]").search(data)
+    offset = solid.start() if solid else len(data)
     start = data.rfind(b"\n", 0, offset) + 1
     end = data.find(b"\n", offset)
     return data.count(b"\n", 0, offset) + 1, data[start:] if end < 0 else data[start:end]
@@ -168,26 +184,13 @@ def _one_line(value):
     return repr(value) if isinstance(value, str) and not value.isprintable() else value
 
 
-def _lines_are_objects(data: bytes) -> bool:
-    """Whether every non-blank line starts with '{' and ends with '}' (after blanks). Arrow's JSON reader
-    crashes the process (pyarrow 26: segfault) on a top-level `null` as the first value, so anything that
-    is not plainly one object per line goes to the line-by-line reader."""
-    buf = np.frombuffer(data, np.uint8)
-    solid = np.flatnonzero(~np.isin(buf, (9, 13, 32)))  # newlines kept: they delimit lines
-    if not len(solid):
-        return True
-    chars = buf[solid]
-    newline = chars == 10
-    first = np.concatenate(([True], newline[:-1])) & ~newline  # first solid byte of a line
-    last = np.concatenate((newline[1:], [True])) & ~newline  # last solid byte of a line
-    return bool((chars[first] == ord("{")).all() and (chars[last] == ord("}")).all())
-
-
 def _read_jsonl(where: str, data: bytes, fields: dict) -> tuple[dict, np.ndarray]:
     """Columns (Arrow arrays typed per `_ARROW_TYPES`, null where a key is absent) and each record's line."""
-    lines = _content_lines(data)
+    # Arrow's JSON reader crashes the process (pyarrow 26: segfault) on a top-level `null` as the first
+    # value, so anything that is not plainly one object per line goes to the line-by-line reader.
+    lines, objects = _line_scan(data)
     try:
-        if not _lines_are_objects(data):
+        if not objects:
             raise _Slow
         return _read_jsonl_fast(data, fields, len(lines)), lines
     except _Slow:
@@ -332,7 +335,7 @@ def _read_csv(where: str, data: bytes) -> tuple[dict, np.ndarray]:
     kinds.update({f"e{i}": "int" for i in range(k)})
     if has_weights:
         kinds.update({f"w{i}": "float" for i in range(k)})
-    lines = _content_lines(data, blank=(10, 13))
+    lines = _line_scan(data, blank=b"\r\n")[0]
     lines = lines[lines > header_line]
     try:
         table = _read_csv_fast(data, kinds, len(lines))
@@ -580,11 +583,12 @@ def _build_vllm(ctx: _Ctx, cols: dict, lines: np.ndarray) -> Trace:
     n_req = len(names)
     n_layers = int(layer.max()) + 1
     if raw:
-        step, decode, first_pos, prefill_len, decode_len = _raw_steps(c, req, layer, pos, n_req, n_layers)
+        step, prefill_len, decode_len = _raw_steps(c, req, layer, pos, n_req, n_layers)
+        first_pos = np.zeros(n_req, dtype=np.int64)
         lengths = prefill_len + decode_len
         variant = "prefill+decode"
-    else:
-        step, decode = pos, np.ones(len(pos), dtype=bool)
+    else:  # one row per token_idx from the request's smallest to its largest
+        step = pos
         first_pos = np.full(n_req, np.iinfo(np.int64).max, dtype=np.int64)
         last = np.zeros(n_req, dtype=np.int64)
         np.minimum.at(first_pos, req, pos)
@@ -605,9 +609,10 @@ def _build_vllm(ctx: _Ctx, cols: dict, lines: np.ndarray) -> Trace:
 
 def _raw_steps(c: _Cols, req, layer, pos, n_req, n_layers):
     """Split a prefill+decode file. Per (request, layer), in file order, decode starts at the first record
-    after the group's first one that has token_pos 0 (the reset); every decode record has token_pos 0.
-    Returns each record's step (prefill: token_pos; decode step d: prefill length + d), its decode flag,
-    and per request the first position (0), the prefill length and the number of decode steps."""
+    with token_pos 0 that is not the group's first record (the reset); every decode record has token_pos 0
+    and the d-th one is decode step d. Returns each record's step (its row within the request: token_pos
+    for prefill, prefill length + d for decode) and, per request, the prefill length P (max prefill
+    token_pos + 1 over layers) and the number of decode steps (max d + 1 over layers)."""
     group = req * n_layers + layer
     order = np.argsort(group, kind="stable")
     g_sorted, p_sorted = group[order], pos[order]
@@ -635,7 +640,7 @@ def _raw_steps(c: _Cols, req, layer, pos, n_req, n_layers):
     decode_len = np.zeros(n_req, dtype=np.int64)
     np.maximum.at(decode_len, req[decode], d[decode] + 1)
     step = np.where(decode, prefill_len[req] + d, pos)
-    return step, decode, np.zeros(n_req, dtype=np.int64), prefill_len, decode_len
+    return step, prefill_len, decode_len
 
 
 def _check_size(c: _Cols, n_rows: int, n_layers: int, layer: np.ndarray, pos_field: str,

@@ -1,0 +1,300 @@
+"""The `expertsim` command: parses arguments, calls the library, prints tables or JSON. Nothing else.
+
+Every verb that prints a table takes --json and then prints only JSON on stdout. Bad input ends with one
+line on stderr naming the file, field and value, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sim.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines.")
+trace_app = typer.Typer(no_args_is_help=True, help="Routing traces: import, generate, record, measure.")
+app.add_typer(trace_app, name="trace")
+
+out = Console(highlight=False, soft_wrap=True)
+EXIT_BAD_INPUT = 2
+
+
+def _print_json(payload) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _table(title: str, rows: list[dict], columns: list[str] | None = None) -> Table:
+    columns = columns or (list(rows[0]) if rows else [])
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("name", "phase", "policy", "key", "statistic", "cache", "prefill") else "right")
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    return table
+
+
+def _fmt(value) -> str:
+    if isinstance(value, (float, np.floating)):
+        if np.isnan(value):
+            return "-"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return f"{int(value):,}"
+    return "" if value is None else str(value)
+
+
+def _gib(n_bytes) -> float:
+    return float(n_bytes) / 2**30
+
+
+def _write_trace(trace, output: Path) -> None:
+    from sim.trace.format import write_trace
+
+    try:
+        write_trace(trace, output)
+    except OSError as exc:
+        raise InputError(str(output), "output", str(output), f"cannot write: {exc.strerror}") from None
+
+
+def _trace_summary(trace, output: Path) -> dict:
+    h = trace.header
+    return {"output": str(output), "model": h.model, "rows": trace.n_rows, "n_layers": h.n_layers,
+            "n_experts": h.n_experts, "top_k": h.top_k, "lookups": trace.n_lookups,
+            "missing_cells": int(trace.missing_cells().sum()), "sha256": trace.sha256()}
+
+
+def _report_written(summary: dict, as_json: bool) -> None:
+    if as_json:
+        _print_json(summary)
+    else:
+        out.print(_table("trace written", [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
+
+
+# --- trace ----------------------------------------------------------------------------------------
+
+
+@trace_app.command("import")
+def trace_import(
+    file: Path = typer.Argument(..., help="vLLM select_experts JSONL, or a generic CSV/JSONL"),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    fmt: str = typer.Option("auto", "--format", help="auto | vllm-jsonl | csv | jsonl"),
+    n_experts: Optional[int] = typer.Option(None, help="experts per layer (default: from --model, else max id + 1)"),
+    model: Optional[str] = typer.Option(None, help="model preset name the trace belongs to"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Convert a routing log into an expertsim trace."""
+    from sim.trace.importers import import_trace
+
+    trace = import_trace(file, fmt, n_experts=n_experts, model=model)
+    _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json)
+
+
+@trace_app.command("gen")
+def trace_gen(
+    preset: str = typer.Option(..., help="generator preset (a model preset name)"),
+    prompt_tokens: int = typer.Option(..., help="prompt (prefill) tokens per request"),
+    decode_tokens: int = typer.Option(..., help="decoded tokens per request"),
+    seed: int = typer.Option(0, help="random seed: same seed, same trace"),
+    requests: int = typer.Option(1, help="independent requests"),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Generate a synthetic trace that reproduces measured routing statistics."""
+    from sim.trace.generate import generate_trace
+
+    trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests)
+    _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json)
+
+
+@trace_app.command("record")
+def trace_record(
+    model: Path = typer.Option(..., help="local Hugging Face MoE model directory"),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    prompt: Optional[str] = typer.Option(None, help="prompt text (needs the model's tokenizer)"),
+    prompt_tokens: Optional[int] = typer.Option(None, help="random prompt of this many token ids"),
+    decode_tokens: int = typer.Option(16, help="greedy decode steps"),
+    seed: int = typer.Option(0),
+    requests: int = typer.Option(1),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Record router top-k per layer from a transformers MoE model (needs expertsim[record])."""
+    from sim.trace.record import record_trace
+
+    trace = record_trace(model, prompt=prompt, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
+                         seed=seed, requests=requests)
+    _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json)
+
+
+@trace_app.command("stats")
+def trace_stats_cmd(
+    trace_path: Path = typer.Argument(..., metavar="TRACE"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Routing statistics: reuse per layer, entropy, skew, prefill unions, co-activation."""
+    from sim.trace.format import read_trace
+    from sim.trace.stats import trace_stats
+
+    stats = trace_stats(read_trace(trace_path))
+    if as_json:
+        _print_json(stats)
+        return
+    out.print(_table(f"{trace_path}", [{"statistic": k, "value": v} for k, v in stats["summary"].items()],
+                     ["statistic", "value"]))
+    out.print(_table("per layer", stats["per_layer"]))
+    out.print(_table("prefill union vs chunk length", stats["prefill_union"]))
+    coactivation = stats.get("coactivation") or {}
+    if coactivation:
+        out.print(_table("co-activation", [{"statistic": k, "value": v} for k, v in coactivation.items()
+                                            if not isinstance(v, (list, dict))], ["statistic", "value"]))
+
+
+# --- cache ----------------------------------------------------------------------------------------
+
+
+def _layout_for(model: Optional[str], trace_model: str):
+    """--model as a preset name or a .gguf path; else the trace's own model if it is a preset."""
+    from sim.model.presets import get_preset, preset_names
+
+    if model is None:
+        return get_preset(trace_model) if trace_model in preset_names() else None
+    if model.endswith(".gguf") or Path(model).is_file():
+        from sim.model.layout import ModelLayout
+
+        return ModelLayout.from_gguf(model)
+    return get_preset(model)
+
+
+@app.command()
+def cache(
+    trace_path: Path = typer.Argument(..., metavar="TRACE"),
+    policy: str = typer.Option("lru", help="lru | lfu | opt | static | ds4-slab"),
+    scope: str = typer.Option("layer", help="layer | class | global (one pool per layer, per size class, or one)"),
+    slots_per_layer: Optional[str] = typer.Option(None, help="slots per layer: N, or one per layer a,b,c"),
+    slots: Optional[str] = typer.Option(None, help="slots of the pool (global) or per class (N or a,b,c)"),
+    prefill_mode: str = typer.Option("evict", help="evict | append (hit, fill free slots, else load direct)"),
+    model: Optional[str] = typer.Option(None, help="model preset or .gguf giving expert sizes and classes"),
+    profile: Optional[Path] = typer.Option(None, help="ranked rank,layer,expert CSV for --policy static"),
+    mrc: bool = typer.Option(False, "--mrc", help="print the exact LRU miss-ratio curve (one pass)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Replay a trace through an expert cache: hit rate, misses, direct loads and bytes."""
+    from sim.cache.replay import Geometry, lru_mrc, parse_slots, read_profile, replay
+    from sim.trace.format import read_trace
+
+    trace = read_trace(trace_path)
+    geometry = Geometry.of(trace, _layout_for(model, trace.header.model), str(trace_path))
+    if mrc:
+        if policy != "lru" or prefill_mode != "evict":
+            raise InputError("cache", "--mrc", f"{policy}/{prefill_mode}",
+                             "the one-pass curve is exact for an evicting LRU only")
+        _print_mrc(lru_mrc(trace, geometry, scope), trace, as_json)
+        return
+    if policy == "ds4-slab":
+        scope = "global"
+    n_pools = len(np.unique(geometry.pools(scope)))
+    if (slots_per_layer is None) == (slots is None):
+        raise InputError("cache", "--slots-per-layer/--slots", "both" if slots else "neither",
+                         "give exactly one capacity")
+    if slots_per_layer is not None:
+        if scope != "layer":
+            raise InputError("cache", "--slots-per-layer", slots_per_layer, f"needs --scope layer, not {scope}")
+        capacity = parse_slots(slots_per_layer, geometry.n_layers, "--slots-per-layer")
+    else:
+        n = geometry.n_classes if policy == "ds4-slab" else n_pools
+        capacity = parse_slots(slots, n, "--slots")
+    ranking = read_profile(profile, geometry) if profile is not None else None
+    result = replay(trace, geometry, policy, scope, capacity, prefill_mode, ranking)
+    summary = result.summary()
+    summary["load_gib"] = _gib(summary["load_bytes"])
+    tables = {"per_phase": result.per_phase(), "per_class": result.per_class(), "per_layer": result.per_layer()}
+    if as_json:
+        _print_json({"summary": summary, **{k: v.to_dict(orient="records") for k, v in tables.items()}})
+        return
+    shown = {k: v for k, v in summary.items() if k not in ("trace_sha256",)}
+    out.print(_table(f"{trace_path}: {policy}, scope {scope}",
+                     [{"key": k, "value": v} for k, v in shown.items()], ["key", "value"]))
+    for name, frame in tables.items():
+        out.print(_table(name.replace("_", " "), frame.to_dict(orient="records")))
+
+
+def _print_mrc(curve, trace, as_json: bool) -> None:
+    frame = curve.curve()
+    if as_json:
+        _print_json({"scope": curve.scope, "trace_sha256": trace.sha256(),
+                     "curve": {c: frame[c].tolist() for c in frame.columns}})
+        return
+    rows = []
+    for c, part in frame.groupby("class"):
+        # every capacity is in the JSON; the table shows a log-spaced sample
+        picks = np.unique(np.geomspace(1, len(part) - 1, 16).astype(int)) if len(part) > 2 else np.arange(len(part))
+        rows += part.iloc[picks].to_dict(orient="records")
+    out.print(_table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows))
+
+
+# --- demo and bench -------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+    """ds4 PR #504 in miniature: one slab vs per-size-class caches on the mixed q2/q4 DeepSeek-V4-Flash."""
+    from sim.explore.demo import run_demo
+
+    result = run_demo()
+    if as_json:
+        _print_json(result)
+        return
+    out.print(result["title"])
+    out.print(_table(result["table_title"], result["rows"]))
+    for line in result["notes"]:
+        out.print(line)
+
+
+@app.command()
+def bench(
+    tokens: int = typer.Option(100_000, help="decode tokens of the benchmark trace"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Speed and memory of the cache core against the targets (rows: name, value, unit, target)."""
+    from sim.explore.bench import run_bench
+
+    rows = run_bench(tokens)
+    if as_json:
+        _print_json(rows)
+        return
+    out.print(_table("expertsim bench", rows, ["name", "value", "unit", "target", "met"]))
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except InputError as exc:
+        click.echo(f"expertsim: error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("expertsim: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
