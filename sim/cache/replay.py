@@ -107,6 +107,7 @@ class LRUCache:
 
     def __init__(self, n_layers: int, n_experts: int, capacity: np.ndarray):
         self.n_experts = n_experts
+        self.n_keys = n_layers * n_experts
         self.state = kernels.lru_state(n_layers * n_experts, capacity)
 
     @property
@@ -135,14 +136,14 @@ class LRUCache:
 
     def _arrays(self) -> tuple:
         s = self.state
-        return s["slot"], s["prev"], s["next"], s["capacity"], s["count"], s["key_of_slot"]
+        return s["node"], s["capacity"], s["count"], s["key_of_slot"]
 
     def flush(self, pool: int) -> None:
         s = self.state
-        kernels.lru_flush_pool(pool, s["slot"], s["prev"], s["next"], s["count"], s["key_of_slot"])
+        kernels.lru_flush_pool(pool, *self._arrays())
 
     def resident(self) -> np.ndarray:
-        return self.state["slot"] >= 0
+        return self.state["node"][: self.n_keys, kernels.SLOT] != kernels.NOT_RESIDENT
 
 
 def read_profile(path: str | Path, geometry: Geometry) -> np.ndarray:

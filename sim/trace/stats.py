@@ -15,6 +15,8 @@ Definitions (routing-traces.md §1 #1, §1 #2, §3):
   reuse          share of a cell's k experts that the previous token of the same request (previous row of
                  that request in execution order) also used in the same layer; pairs with a missing cell
                  are skipped. Reported per phase of the later token.
+  window8_coverage  (summary) share of a cell's experts used by any of the 8 previous tokens of the
+                 request in that layer (cells with 8 recorded predecessors)
   entropy_norm   entropy of the layer's selection distribution / ln(n_experts) (uniform layer = 1)
   top_k_share    share of the layer's selections taken by its top_k hottest experts
   hottest_over_uniform  hottest expert's share × n_experts
@@ -38,6 +40,9 @@ MI_MAX_ROWS = 20_000
 # Pairs need this many co-occurrences before their lift counts (the mbolt threshold, §1 #2).
 LIFT_MIN_COUNT = 5
 LIFT_HIGH = 1.5
+# Coverage window: share of a token's experts used by any of the previous WINDOW tokens of its request
+# (OLMoE, WikiText: 75.5 % for 8 tokens, routing-traces.md §3.1).
+WINDOW = 8
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -66,6 +71,51 @@ def _reuse_kernel(experts, prev_row, phase):
             hits[ph, layer] += c
             pairs[ph, layer] += 1
     return hits, pairs
+
+
+@nb.njit(cache=True)
+def _window_kernel(experts, prev_row, window):
+    """Per layer: (experts of a cell also used by any of the previous `window` tokens of its request,
+    cells with `window` recorded predecessors)."""
+    rows, n_layers, k = experts.shape
+    hits = np.zeros(n_layers, np.int64)
+    cells = np.zeros(n_layers, np.int64)
+    back = np.empty(window, np.int64)
+    for r in range(rows):
+        n = 0
+        p = prev_row[r]
+        while p >= 0 and n < window:
+            back[n] = p
+            n += 1
+            p = prev_row[p]
+        if n < window:
+            continue
+        for layer in range(n_layers):
+            if experts[r, layer, 0] == _MISS:
+                continue
+            ok = True
+            for i in range(window):
+                if experts[back[i], layer, 0] == _MISS:
+                    ok = False
+                    break
+            if not ok:
+                continue
+            c = 0
+            for a in range(k):
+                x = experts[r, layer, a]
+                found = False
+                for i in range(window):
+                    for b in range(k):
+                        if experts[back[i], layer, b] == x:
+                            found = True
+                            break
+                    if found:
+                        break
+                if found:
+                    c += 1
+            hits[layer] += c
+            cells[layer] += 1
+    return hits, cells
 
 
 @nb.njit(cache=True)
@@ -284,6 +334,8 @@ def trace_stats(trace: Trace, chunk_lengths=(32, 128, 512, 2048)) -> dict:
         summary["reuse_prefill_mean"] = _f(hits[0].sum() / (k * pairs[0].sum())) if pairs[0].sum() else None
         summary["reuse_decode_mean"] = _f(hits[1].sum() / (k * pairs[1].sum())) if pairs[1].sum() else None
     summary["reuse_random"] = k / n_experts
+    w_hits, w_cells = _window_kernel(experts, previous_rows(trace.request), WINDOW)
+    summary[f"window{WINDOW}_coverage_mean"] = _f(w_hits.sum() / (k * w_cells.sum())) if w_cells.sum() else None
     _spread("reuse", reuse_all, summary)
     for key in ("entropy_norm", "top_k_share", "hottest_over_uniform", "gini", "distinct"):
         _spread(key, np.array([np.nan if d[key] is None else d[key] for d in per_layer], float), summary)

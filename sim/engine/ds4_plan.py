@@ -1,0 +1,387 @@
+"""ds4's CUDA streaming expert cache sizing, as pure functions (antirez/ds4 @80ebbc3, and PR #504).
+
+Sources: reference/ds4-engine.md §1.2-§1.4, §1.7, §1.12, §1.13 and §6 (line numbers are those of
+`ds4_cuda.cu` @80ebbc3 unless a "port" line of giannisanni/neutronstar @db82323 is named). The rules:
+
+  budget     --ssd-streaming-cache-experts N | NGB, DS4_CUDA_STREAMING_EXPERT_CACHE_N, default 512,
+             clamped to 23424 (requested_budget_experts)
+  reserve    DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB: integer GiB, default 16, <= total VRAM / 2
+  live cap   cap = min(requested, floor((free + reclaim - reserve) / expert_bytes)); disabled when
+             free + reclaim <= reserve; a notice when cap != requested, printed only when it differs
+             from the last one printed
+  classes    after #504 up to 4 caches keyed by (gate bytes, down bytes), allocated in first-touch order
+             from one free VRAM: the last class gets the leftover (allocate_class_caches)
+  slab       before #504 one cache keyed on the last size seen: every size change releases it and
+             resets the notice dedup, so mixed files print a notice at every transition
+             (replay_cache_sizing(per_class=False))
+  growth     a same-size cache smaller than its target is released and reallocated EMPTY when the
+             live cap allows more (prepare_class_cache)
+  OOM        cap -= ceil(cap / 10) per failed allocation until it fits or reaches 0 (oom_shrink)
+  staging    batch prefill staging = |union| x expert bytes, grow-only (prefill_staging_bytes)
+
+Messages are the engine's text without its "ds4: " stderr prefix; numbers print with two decimals, as
+in the #503 log ("available 81.57 GiB, reserve 16.00 GiB, 13.50 MiB/expert").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.errors import InputError
+
+# fmt: off
+MIB_BYTES = 1 << 20
+GIB_BYTES = 1 << 30
+DS4_CUDA_STREAM_EXPERT_DEFAULT_EXPERTS = 512       # ds4_cuda.cu L38: budget when none is given (§1.2)
+DS4_CUDA_STREAM_EXPERT_MAX_EXPERTS = 61 * 384      # ds4_cuda.cu L39: 23424, the Pro model's expert count (§1.2)
+DEFAULT_VRAM_RESERVE_GIB = 16                      # live_budget L1510-1579: reserve default (§1.3)
+VRAM_RESERVE_MAX_FRACTION_OF_TOTAL = 0.5           # live_budget: reserve clamped to total VRAM / 2 (§1.3)
+MAX_EXPERT_SIZE_CLASSES = 4                        # port L218-231: DS4_CUDA_STREAM_EXPERT_CLASSES (§1.2)
+OOM_SHRINK_DIVISOR = 10                            # shrunken_cap L1605: cap -= ceil(cap / 10) (§1.3)
+SLAB_PARTS_PER_EXPERT = 3                          # gate, up and down slabs: expert bytes = 2 x gate + down (§1.2)
+# fmt: on
+
+ENV_CACHE_EXPERTS = "DS4_CUDA_STREAMING_EXPERT_CACHE_N"
+ENV_RESERVE_GIB = "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
+CLI_CACHE_EXPERTS = "--ssd-streaming-cache-experts"
+
+_CACHE_ARG = re.compile(r"([0-9]+)(GB)?")
+
+
+def _check_int(where: str, field: str, value: object, minimum: int = 0) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise InputError(where, field, value, f"must be an integer >= {minimum}")
+    return int(value)
+
+
+def expert_bytes(gate_bytes: int, down_bytes: int) -> int:
+    """Bytes of one cached expert: gate and up slabs (gate_bytes each) plus the down slab (§1.2, §1.3)."""
+    _check_int("ds4 expert size", "gate_bytes", gate_bytes, 1)
+    _check_int("ds4 expert size", "down_bytes", down_bytes, 1)
+    return 2 * gate_bytes + down_bytes
+
+
+# ------------------------------------------------------------------------------------------ budget
+
+
+def parse_cache_experts_arg(text: str, first_routed_layer_expert_bytes: int) -> int:
+    """`--ssd-streaming-cache-experts N|NGB` as a number of experts (ds4_ssd.c, ds4.c L25638-25672, §1.3).
+
+    N is a count; NGB is N GiB of experts of the FIRST routed layer: floor(N GiB / its expert bytes), so
+    70GB of the mixed Flash file (6.75 MiB q2 experts at layer 0) is 10619. The clamp to 23424 is
+    applied later, by requested_budget_experts. We accept only these two spellings (digits, optional
+    "GB" suffix); the engine's own error wording for other text is not in the notes.
+    """
+    where = f"{CLI_CACHE_EXPERTS}"
+    _check_int(where, "first routed layer expert bytes", first_routed_layer_expert_bytes, 1)
+    match = _CACHE_ARG.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise InputError(where, "value", text, "must be N (experts) or NGB (GiB of experts), N a whole number")
+    amount = int(match.group(1))
+    experts = amount * GIB_BYTES // first_routed_layer_expert_bytes if match.group(2) else amount
+    if experts < 1:
+        raise InputError(where, "value", text, "must give at least one expert")
+    return experts
+
+
+def requested_budget_experts(cli_experts: int | None = None, env_cache_experts: str | None = None) -> int:
+    """requested_budget (L1454-1472): env DS4_CUDA_STREAMING_EXPERT_CACHE_N, else the CLI value, else 512;
+    clamped to 23424. A non-integer env value is ignored here (our choice; the notes give no message)."""
+    requested = DS4_CUDA_STREAM_EXPERT_DEFAULT_EXPERTS
+    if cli_experts is not None:
+        requested = _check_int(CLI_CACHE_EXPERTS, "experts", cli_experts, 1)
+    if env_cache_experts is not None and env_cache_experts.isascii() and env_cache_experts.isdigit():
+        requested = int(env_cache_experts)
+    return min(requested, DS4_CUDA_STREAM_EXPERT_MAX_EXPERTS)
+
+
+def vram_reserve_bytes(env_reserve_gib: str | None, total_vram_bytes: int) -> int:
+    """DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB (§1.3): integer GiB only; anything else (unset, "0.5",
+    "12GB", "-1") keeps the 16 GiB default silently. The result is clamped to at most total VRAM / 2."""
+    _check_int("ds4 VRAM", "total_vram_bytes", total_vram_bytes, 1)
+    reserve_gib = DEFAULT_VRAM_RESERVE_GIB
+    if env_reserve_gib is not None and env_reserve_gib.isascii() and env_reserve_gib.isdigit():
+        reserve_gib = int(env_reserve_gib)
+    return min(reserve_gib * GIB_BYTES, int(total_vram_bytes * VRAM_RESERVE_MAX_FRACTION_OF_TOTAL))
+
+
+# ------------------------------------------------------------------------------------------ live budget
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GIB_BYTES:.2f}"
+
+
+def capped_notice(requested_experts: int, capacity_experts: int, available_bytes: int, reserve_bytes: int,
+                  expert_size_bytes: int) -> str:
+    return (f"CUDA streaming expert cache capped from {requested_experts} to {capacity_experts} experts "
+            f"(available {_gib(available_bytes)} GiB, reserve {_gib(reserve_bytes)} GiB, "
+            f"{expert_size_bytes / MIB_BYTES:.2f} MiB/expert)")
+
+
+def disabled_notice(available_bytes: int, reserve_bytes: int) -> str:
+    return (f"CUDA streaming expert cache disabled: available {_gib(available_bytes)} GiB "
+            f"<= reserve {_gib(reserve_bytes)} GiB")
+
+
+@dataclass(frozen=True)
+class LiveBudget:
+    """What live_budget decides for one allocation: capacity in experts (0 when disabled) and the notice
+    the engine would print (None when cap == requested). Dedup is the caller's (NoticeDedup)."""
+
+    capacity_experts: int
+    notice: str | None
+    disabled: bool
+
+
+def live_budget(requested_experts: int, expert_size_bytes: int, free_vram_bytes: int, reserve_bytes: int,
+                reclaim_bytes: int = 0) -> LiveBudget:
+    """live_budget (L1510-1579, §1.3): available = free + reclaim; disabled if available <= reserve; else
+    cap = min(requested, floor((available - reserve) / expert bytes)), noticed when cap != requested."""
+    where = "ds4 live budget"
+    _check_int(where, "requested_experts", requested_experts, 0)
+    _check_int(where, "expert_size_bytes", expert_size_bytes, 1)
+    _check_int(where, "free_vram_bytes", free_vram_bytes)
+    _check_int(where, "reserve_bytes", reserve_bytes)
+    _check_int(where, "reclaim_bytes", reclaim_bytes)
+    available_bytes = free_vram_bytes + reclaim_bytes
+    if available_bytes <= reserve_bytes:
+        return LiveBudget(0, disabled_notice(available_bytes, reserve_bytes), True)
+    capacity = min(requested_experts, (available_bytes - reserve_bytes) // expert_size_bytes)
+    notice = None
+    if capacity != requested_experts:
+        notice = capped_notice(requested_experts, capacity, available_bytes, reserve_bytes, expert_size_bytes)
+    return LiveBudget(capacity, notice, False)
+
+
+class NoticeDedup:
+    """The engine's notice de-duplication: print only if the value differs from the last one printed.
+
+    One instance per notice state: a single global one before #504, one per size class after it.
+    `reset()` is note_size()'s reset on a size change before #504 (L1592-1603).
+    """
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    def reset(self) -> None:
+        self._last = None
+
+    def emit(self, notice: str | None) -> str | None:
+        if notice is None or notice == self._last:
+            return None
+        self._last = notice
+        return notice
+
+
+# ------------------------------------------------------------------------------------------ classes (#504)
+
+
+def allocate_class_caches(class_expert_bytes: Sequence[int], budget_experts: int, total_vram_bytes: int,
+                          free_vram_bytes: int, reserve_bytes: int,
+                          other_allocation_bytes: int | Sequence[int] = 0) -> tuple[LiveBudget, ...]:
+    """Per-class capacities after PR #504 (§1.13, §6): classes in first-touch order, each sized by
+    live_budget from what the earlier classes left of the same free VRAM.
+
+    class_expert_bytes: expert bytes of each class, first touched first (q2 at layer 0, then q4).
+    budget_experts: the configured budget, applied to EACH class (the budget is per class, not global).
+    free_vram_bytes: free VRAM before any expert cache is allocated.
+    reserve_bytes: the reserve (clamped here to total VRAM / 2, as vram_reserve_bytes does).
+    other_allocation_bytes: VRAM held by other allocations (compact staging, say) when each class is
+      allocated: one number for all, or one per class (staging is grow-only, so pass its size then).
+    """
+    where = "ds4 class caches"
+    n = len(class_expert_bytes)
+    if not 1 <= n <= MAX_EXPERT_SIZE_CLASSES:
+        raise InputError(where, "classes", n, f"ds4 keeps 1..{MAX_EXPERT_SIZE_CLASSES} size classes")
+    _check_int(where, "total_vram_bytes", total_vram_bytes, 1)
+    reserve_bytes = min(_check_int(where, "reserve_bytes", reserve_bytes),
+                        int(total_vram_bytes * VRAM_RESERVE_MAX_FRACTION_OF_TOTAL))
+    others = ([other_allocation_bytes] * n if isinstance(other_allocation_bytes, (int, np.integer))
+              else list(other_allocation_bytes))
+    if len(others) != n:
+        raise InputError(where, "other_allocation_bytes", len(others), f"needs one value per class ({n})")
+    allocated_bytes, out = 0, []
+    for size, other in zip(class_expert_bytes, others):
+        size = _check_int(where, "class expert bytes", size, 1)
+        other = _check_int(where, "other_allocation_bytes", other)
+        free_now = max(0, free_vram_bytes - allocated_bytes - other)
+        decision = live_budget(budget_experts, size, free_now, reserve_bytes)
+        allocated_bytes += decision.capacity_experts * size
+        out.append(decision)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------ prepare / growth
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """One (class) cache: the (gate, down) size it was built for and its capacity in experts."""
+
+    size_key: tuple[int, int]
+    capacity_experts: int
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    state: CacheState | None  # None: no cache (disabled)
+    flushed: bool  # every cached expert was lost (size change or growth)
+    allocated: bool  # a new allocation was made (count = 0, tick = 0)
+    notice: str | None  # from live_budget, before dedup; growth checks print none
+
+
+def prepare_class_cache(existing: CacheState | None, size_key: tuple[int, int], target_experts: int,
+                        free_vram_bytes: int, reserve_bytes: int) -> PrepareOutcome:
+    """prepare() (L1820-1933; port L1973, §1.4) for one class.
+
+    free_vram_bytes is what cudaMemGetInfo would report with `existing` still allocated.
+    - another size: release (flush) and allocate fresh with the live budget (and its notice);
+    - capacity >= target: keep as is;
+    - smaller than target: recompute the live cap with reclaim = capacity x bytes and no notice; if it
+      exceeds the capacity, release and reallocate EMPTY at the new cap (growth flushes the cache).
+    """
+    size_bytes = expert_bytes(*size_key)
+    if existing is not None and existing.size_key == size_key:
+        if existing.capacity_experts >= target_experts:
+            return PrepareOutcome(existing, False, False, None)
+        reclaim = existing.capacity_experts * size_bytes
+        grown = live_budget(target_experts, size_bytes, free_vram_bytes, reserve_bytes, reclaim)
+        if grown.capacity_experts > existing.capacity_experts:
+            return PrepareOutcome(CacheState(size_key, grown.capacity_experts), existing.capacity_experts > 0,
+                                  True, None)
+        return PrepareOutcome(existing, False, False, None)
+    flushed = existing is not None and existing.capacity_experts > 0
+    if existing is not None:  # released before the new size is sized: its bytes are free again
+        free_vram_bytes += existing.capacity_experts * expert_bytes(*existing.size_key)
+    fresh = live_budget(target_experts, size_bytes, free_vram_bytes, reserve_bytes)
+    state = CacheState(size_key, fresh.capacity_experts) if fresh.capacity_experts > 0 else None
+    return PrepareOutcome(state, flushed, state is not None, fresh.notice)
+
+
+@dataclass(frozen=True)
+class SizingReplay:
+    """A sequence of layer visits replayed through prepare(): the capacity serving each visit (0 when the
+    cache is disabled), the notices printed as (visit index, text), and how often a cache holding experts
+    was thrown away (size changes and growth)."""
+
+    capacities: tuple[int, ...]
+    notices: tuple[tuple[int, str], ...]
+    flushes: int
+    allocations: int
+
+
+def replay_cache_sizing(visit_size_keys: Sequence[tuple[int, int]], requested_experts: int,
+                        free_vram_bytes: int, reserve_bytes: int, *, per_class: bool,
+                        other_allocation_bytes: int = 0) -> SizingReplay:
+    """Replay the cache sizing over layer visits in forward order (one key per layer visit).
+
+    per_class=False is @80ebbc3: one slab keyed on the last size seen; a size change runs note_size()
+    (reset of the runtime cap and the global notice dedup) and prepare() releases the whole slab, so a
+    mixed q2/q4 file prints the cap notice at every transition (§1.12).
+    per_class=True is PR #504: up to 4 class caches with per-class dedup; a 5th size recycles class 0
+    (released, its cap and notice reset).
+    free_vram_bytes: free VRAM with no expert cache allocated (less other_allocation_bytes).
+    """
+    _check_int("ds4 replay", "free_vram_bytes", free_vram_bytes)
+    base_free = max(0, free_vram_bytes - _check_int("ds4 replay", "other_allocation_bytes", other_allocation_bytes))
+    n_classes = MAX_EXPERT_SIZE_CLASSES if per_class else 1
+    keys: list[tuple[int, int] | None] = [None] * n_classes
+    states: list[CacheState | None] = [None] * n_classes
+    dedups = [NoticeDedup() for _ in range(n_classes)]
+    capacities, notices, flushes, allocations = [], [], 0, 0
+    for visit, key in enumerate(visit_size_keys):
+        if per_class:
+            if key in keys:
+                c = keys.index(key)
+            elif None in keys:
+                c = keys.index(None)
+                keys[c] = key
+                dedups[c].reset()
+            else:  # class_index(): all 4 taken, release class 0 and reuse it
+                c = 0
+                flushes += states[0] is not None and states[0].capacity_experts > 0
+                states[0], keys[0] = None, key
+                dedups[0].reset()
+        else:
+            c = 0
+            if keys[0] != key:  # note_size(): a new size resets the runtime cap and the notice
+                keys[0] = key
+                dedups[0].reset()
+        held = sum(s.capacity_experts * expert_bytes(*s.size_key) for s in states if s is not None)
+        outcome = prepare_class_cache(states[c], key, requested_experts, max(0, base_free - held), reserve_bytes)
+        flushes += outcome.flushed
+        allocations += outcome.allocated
+        states[c] = outcome.state
+        printed = dedups[c].emit(outcome.notice)
+        if printed is not None:
+            notices.append((visit, printed))
+        capacities.append(0 if outcome.state is None else outcome.state.capacity_experts)
+    return SizingReplay(tuple(capacities), tuple(notices), flushes, allocations)
+
+
+# ------------------------------------------------------------------------------------------ OOM
+
+
+def shrunken_cap(cap_experts: int) -> int:
+    """shrunken_cap (L1605, §1.3): cap - ceil(cap / 10); 1 shrinks to 0."""
+    _check_int("ds4 OOM", "cap_experts", cap_experts)
+    return cap_experts - math.ceil(cap_experts / OOM_SHRINK_DIVISOR) if cap_experts else 0
+
+
+@dataclass(frozen=True)
+class OomShrink:
+    capacity_experts: int  # what was finally allocated (0: cache disabled, direct selected loads)
+    attempts: tuple[int, ...]  # caps tried, in order
+    messages: tuple[str, ...]
+
+
+def oom_shrink(cap_experts: int, expert_size_bytes: int, allocatable_bytes: int,
+               live_cap_experts: int | None = None) -> OomShrink:
+    """try_alloc / note_oom_cap (L1611-1648, §1.3): allocate cap x expert bytes (3 slabs); on failure
+    cap -= ceil(cap/10), the runtime cap is recorded, the live budget is re-applied (live_cap_experts,
+    if given) and the allocation retried, until it fits or reaches 0.
+
+    allocatable_bytes stands for the device: an allocation of n bytes succeeds iff n <= it. The
+    "shrinking" message is shortened in the notes (an elided middle); we print its known parts.
+    """
+    _check_int("ds4 OOM", "expert_size_bytes", expert_size_bytes, 1)
+    _check_int("ds4 OOM", "allocatable_bytes", allocatable_bytes)
+    cap = _check_int("ds4 OOM", "cap_experts", cap_experts)
+    attempts, messages = [], []
+    while cap > 0:
+        attempts.append(cap)
+        if cap * expert_size_bytes <= allocatable_bytes:
+            return OomShrink(cap, tuple(attempts), tuple(messages))
+        messages.append(f"allocation failed at {cap} experts / {_gib(cap * expert_size_bytes)} GiB")
+        new_cap = shrunken_cap(cap)
+        messages.append(f"shrinking resident cache margin by {cap - new_cap} experts; "
+                        f"runtime cache cap now {new_cap}")
+        cap = new_cap if live_cap_experts is None else min(new_cap, live_cap_experts)
+    messages.append("disabling resident expert cache after OOM; using direct selected loads")
+    return OomShrink(0, tuple(attempts), tuple(messages))
+
+
+# ------------------------------------------------------------------------------------------ staging
+
+
+def prefill_staging_bytes(union_expert_counts: Sequence[int], layer_expert_bytes: Sequence[int],
+                          current_staging_bytes: int = 0) -> int:
+    """Compact staging after a batch prefill (§1.2, §1.7): each layer's call needs |union| x expert bytes
+    (gate, up and down buffers); the buffer is grow-only, so the result is the high-water mark.
+
+    union_expert_counts[i] is the size of the chunk's expert union at layer i, layer_expert_bytes[i]
+    that layer's expert bytes (2 x gate + down). The int32 (token, k) -> compact map is not counted.
+    """
+    if len(union_expert_counts) != len(layer_expert_bytes):
+        raise InputError("ds4 staging", "layers", (len(union_expert_counts), len(layer_expert_bytes)),
+                         "one union size per layer expert size")
+    staging = _check_int("ds4 staging", "current_staging_bytes", current_staging_bytes)
+    for count, size in zip(union_expert_counts, layer_expert_bytes):
+        staging = max(staging, _check_int("ds4 staging", "union size", count) * size)
+    return staging

@@ -1,0 +1,239 @@
+"""ds4 CUDA streaming cache sizing (sim/engine/ds4_plan.py) against ds4-engine.md §1.3, §1.4, §1.12, §1.13."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.engine import ds4_plan as dp
+from sim.errors import InputError
+from sim.model import get_preset
+
+MiB, GiB = 2**20, 2**30
+Q2_EXPERT_BYTES = 7_077_888  # 6.75 MiB: IQ2_XXS gate/up + Q2_K down (ds4-engine.md §2.3)
+Q4_EXPERT_BYTES = 14_155_776  # 13.5 MiB: Q4_K gate/up/down
+AVAILABLE_503_BYTES = round(81.57 * GiB)  # "available 81.57 GiB" in the #503 log
+RTX_PRO_6000_VRAM_BYTES = 96 * GiB  # the clamp at VRAM / 2 does not bind here
+TOP_K = 6
+
+
+def mixed_visits(tokens: int) -> list[tuple[int, int]]:
+    """Layer visits of `tokens` decode tokens through the q2-q4 Flash file, forward order."""
+    layout = get_preset("deepseek-v4-flash-q2-q4")
+    return [(layer.gate_bytes, layer.down_bytes) for layer in layout.layers] * tokens
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+
+def test_byte_budget_converts_with_the_first_routed_layer():
+    # 10619 = floor(70 GiB / 6.75 MiB): the #503 run's budget (§1.12)
+    assert dp.parse_cache_experts_arg("70GB", Q2_EXPERT_BYTES) == 10619
+    assert 70 * GiB // Q2_EXPERT_BYTES == 10619
+    first = get_preset("deepseek-v4-flash-q2-q4").layers[0]
+    assert dp.expert_bytes(first.gate_bytes, first.down_bytes) == Q2_EXPERT_BYTES
+
+
+def test_plain_count_and_clamp_and_default():
+    assert dp.parse_cache_experts_arg("9472", Q2_EXPERT_BYTES) == 9472
+    assert dp.requested_budget_experts() == 512
+    assert dp.requested_budget_experts(9472) == 9472
+    big = dp.parse_cache_experts_arg("200GB", Q2_EXPERT_BYTES)
+    assert big == 30340 and dp.requested_budget_experts(big) == 23424 == 61 * 384
+    assert dp.requested_budget_experts(4500, env_cache_experts="777") == 777  # the variable wins
+    assert dp.requested_budget_experts(4500, env_cache_experts="99999") == 23424
+    assert dp.requested_budget_experts(4500, env_cache_experts="lots") == 4500
+
+
+@pytest.mark.parametrize("text", ["", "70 GB", "70gb", "1.5GB", "-3", "GB", "0", "0GB", "1GB1"])
+def test_cache_experts_arg_rejects(text):
+    with pytest.raises(InputError, match="--ssd-streaming-cache-experts"):
+        dp.parse_cache_experts_arg(text, 10 * GiB)  # 1GB of 10 GiB experts is 0 experts
+
+
+@pytest.mark.parametrize("value, reserve_gib", [
+    (None, 16), ("12", 12), ("0", 0), ("0.5", 16), ("12GB", 16), ("-1", 16), (" 12", 16), ("", 16), ("64", 48),
+])
+def test_reserve_env_is_integer_gib_clamped_to_half_vram(value, reserve_gib):
+    assert dp.vram_reserve_bytes(value, RTX_PRO_6000_VRAM_BYTES) == reserve_gib * GiB
+
+
+def test_default_reserve_clamped_on_a_small_card():
+    assert dp.vram_reserve_bytes(None, 24 * GiB) == 12 * GiB
+
+
+# ------------------------------------------------------------------------------------------ live budget
+
+
+def test_503_notices_come_out_exactly():
+    q4 = dp.live_budget(10619, Q4_EXPERT_BYTES, AVAILABLE_503_BYTES, 16 * GiB)
+    q2 = dp.live_budget(10619, Q2_EXPERT_BYTES, AVAILABLE_503_BYTES, 16 * GiB)
+    assert (q4.capacity_experts, q2.capacity_experts) == (4973, 9947)
+    assert q4.notice == ("CUDA streaming expert cache capped from 10619 to 4973 experts "
+                         "(available 81.57 GiB, reserve 16.00 GiB, 13.50 MiB/expert)")
+    assert q2.notice == ("CUDA streaming expert cache capped from 10619 to 9947 experts "
+                         "(available 81.57 GiB, reserve 16.00 GiB, 6.75 MiB/expert)")
+    assert not q4.disabled and not q2.disabled
+
+
+def test_reclaim_counts_as_available_and_no_notice_at_the_request():
+    fit = dp.live_budget(100, Q2_EXPERT_BYTES, 16 * GiB, 16 * GiB, reclaim_bytes=100 * Q2_EXPERT_BYTES)
+    assert fit == dp.LiveBudget(100, None, False)
+
+
+def test_disabled_when_available_not_above_reserve():
+    off = dp.live_budget(512, Q2_EXPERT_BYTES, 12 * GiB, 16 * GiB, reclaim_bytes=4 * GiB)
+    assert off.disabled and off.capacity_experts == 0
+    assert off.notice == "CUDA streaming expert cache disabled: available 16.00 GiB <= reserve 16.00 GiB"
+
+
+@given(st.integers(0, 30000), st.integers(1, 64 * MiB), st.integers(0, 200 * GiB), st.integers(0, 48 * GiB))
+def test_live_cap_never_exceeds_request_nor_free_memory(requested, size, free, reserve):
+    decision = dp.live_budget(requested, size, free, reserve)
+    assert 0 <= decision.capacity_experts <= requested
+    assert decision.capacity_experts * size <= max(0, free - reserve)
+    assert (decision.notice is None) == (decision.capacity_experts == requested and not decision.disabled)
+
+
+def test_notice_dedup_prints_a_value_once_until_it_changes_or_resets():
+    dedup = dp.NoticeDedup()
+    assert dedup.emit("a") == "a" and dedup.emit("a") is None and dedup.emit(None) is None
+    assert dedup.emit("b") == "b" and dedup.emit("a") == "a"
+    dedup.reset()
+    assert dedup.emit("a") == "a"
+
+
+# ------------------------------------------------------------------------------------------ #504 classes
+
+# The #504 configuration (§1.12): RTX PRO 6000 96 GB, 81.57 GiB available as in #503, budget 9472, reserve
+# 12. Staging held when each class allocates: decode-first, 6 experts of that layer's size; prefill-first,
+# a whole layer's union (256 experts: 1.6875 GiB at layer 0, 3.375 GiB at layer 37; grow-only).
+DECODE_STAGING = [TOP_K * Q2_EXPERT_BYTES, TOP_K * Q4_EXPERT_BYTES]
+PREFILL_STAGING = [256 * Q2_EXPERT_BYTES, 256 * Q4_EXPERT_BYTES]
+
+
+@pytest.mark.parametrize("reserve_gib, staging, q4_slots, note", [
+    (12, DECODE_STAGING, 535, "§1.12 estimates ~534"),
+    (12, PREFILL_STAGING, 285, "§1.12 estimates ~285"),
+    (16, DECODE_STAGING, 231, "§1.12 estimates ~231"),
+    (16, PREFILL_STAGING, 0, "§1.12: disabled"),
+])
+def test_504_q2_class_takes_all_q2_experts_and_q4_gets_the_leftover(reserve_gib, staging, q4_slots, note):
+    q2, q4 = dp.allocate_class_caches([Q2_EXPERT_BYTES, Q4_EXPERT_BYTES], 9472, RTX_PRO_6000_VRAM_BYTES,
+                                      AVAILABLE_503_BYTES, reserve_gib * GiB, staging)
+    assert q2.capacity_experts == 9472 == 37 * 256 and q2.notice is None
+    assert q4.capacity_experts == q4_slots, note
+    if q4_slots == 0:
+        assert q4.disabled and q4.notice.startswith("CUDA streaming expert cache disabled: available 15.76 GiB")
+
+
+def test_504_without_staging_and_notice_text():
+    q2, q4 = dp.allocate_class_caches([Q2_EXPERT_BYTES, Q4_EXPERT_BYTES], 9472, RTX_PRO_6000_VRAM_BYTES,
+                                      AVAILABLE_503_BYTES, 12 * GiB, DECODE_STAGING)
+    assert q4.notice == ("CUDA streaming expert cache capped from 9472 to 535 experts "
+                         "(available 19.05 GiB, reserve 12.00 GiB, 13.50 MiB/expert)")
+    bare = dp.allocate_class_caches([Q2_EXPERT_BYTES, Q4_EXPERT_BYTES], 9472, RTX_PRO_6000_VRAM_BYTES,
+                                    AVAILABLE_503_BYTES, 12 * GiB)
+    assert [c.capacity_experts for c in bare] == [9472, 541]
+
+
+def test_class_reserve_is_clamped_and_class_count_checked():
+    (only,) = dp.allocate_class_caches([Q2_EXPERT_BYTES], 512, 8 * GiB, 6 * GiB, 16 * GiB)
+    assert only.capacity_experts == 2 * GiB // Q2_EXPERT_BYTES  # reserve clamped to 4 GiB
+    with pytest.raises(InputError, match="size classes"):
+        dp.allocate_class_caches([Q2_EXPERT_BYTES] * 5, 512, 96 * GiB, 90 * GiB, 16 * GiB)
+    with pytest.raises(InputError, match="one value per class"):
+        dp.allocate_class_caches([Q2_EXPERT_BYTES] * 2, 512, 96 * GiB, 90 * GiB, 16 * GiB, [0])
+
+
+# ------------------------------------------------------------------------------------------ slab replay
+
+
+def test_pre_504_slab_repeats_the_notice_at_every_size_transition():
+    replay = dp.replay_cache_sizing(mixed_visits(2), 10619, AVAILABLE_503_BYTES, 16 * GiB, per_class=False)
+    assert [visit for visit, _ in replay.notices] == [0, 37, 43, 80]  # layer 0, 37, next token's 0, 37
+    assert [text.split(" to ")[1].split()[0] for _, text in replay.notices] == ["9947", "4973", "9947", "4973"]
+    assert replay.flushes == 3 and replay.allocations == 4  # every transition throws the slab away
+    assert replay.capacities[:37] == (9947,) * 37 and replay.capacities[37:43] == (4973,) * 6
+
+
+def test_post_504_classes_notice_once_and_never_flush():
+    replay = dp.replay_cache_sizing(mixed_visits(10), 10619, AVAILABLE_503_BYTES, 16 * GiB, per_class=True)
+    assert [visit for visit, _ in replay.notices] == [0, 37]
+    assert replay.flushes == 0 and replay.allocations == 1
+    # q2 takes 9947 x 6.75 MiB, which leaves 1.4 MiB above the 16 GiB reserve: the q4 class gets 0 slots
+    assert set(replay.capacities[37:43]) == {0} and "to 0 experts" in replay.notices[1][1]
+    tuned = dp.replay_cache_sizing(mixed_visits(3), 9472, AVAILABLE_503_BYTES, 12 * GiB, per_class=True,
+                                   other_allocation_bytes=TOP_K * Q4_EXPERT_BYTES)
+    assert set(tuned.capacities) == {9472, 535} and len(tuned.notices) == 1
+
+
+def test_fifth_size_class_recycles_class_zero():
+    keys = [(1000, 1000), (2000, 1000), (3000, 1000), (4000, 1000), (5000, 1000), (1000, 1000)]
+    replay = dp.replay_cache_sizing(keys, 10, 10**9, 0, per_class=True)
+    assert replay.capacities == (10,) * 6
+    assert replay.flushes == 2  # the 5th size takes class 0; the 1st size, back again, takes it back
+    assert replay.allocations == 6
+
+
+# ------------------------------------------------------------------------------------------ prepare / growth
+
+
+def test_growth_flushes_and_reallocates_empty():
+    key = (2_162_688, 2_752_512)
+    small = dp.CacheState(key, 100)
+    grown = dp.prepare_class_cache(small, key, 500, free_vram_bytes=20 * GiB, reserve_bytes=16 * GiB)
+    assert grown.state == dp.CacheState(key, 500) and grown.flushed and grown.allocated and grown.notice is None
+    kept = dp.prepare_class_cache(small, key, 100, 0, 16 * GiB)
+    assert kept.state is small and not kept.flushed and not kept.allocated
+    no_room = dp.prepare_class_cache(small, key, 500, free_vram_bytes=16 * GiB, reserve_bytes=16 * GiB)
+    assert no_room.state is small and not no_room.flushed  # live cap with reclaim = 100, no growth
+
+
+def test_size_change_releases_and_sizes_with_the_freed_bytes():
+    q2, q4 = (2_162_688, 2_752_512), (4_718_592, 4_718_592)
+    out = dp.prepare_class_cache(dp.CacheState(q2, 9947), q4, 10619, AVAILABLE_503_BYTES - 9947 * Q2_EXPERT_BYTES,
+                                 16 * GiB)
+    assert out.flushed and out.state == dp.CacheState(q4, 4973) and "4973" in out.notice
+
+
+# ------------------------------------------------------------------------------------------ OOM
+
+
+@pytest.mark.parametrize("cap, shrunk", [(0, 0), (1, 0), (9, 8), (10, 9), (11, 9), (100, 90), (9472, 8524)])
+def test_shrunken_cap_removes_ceil_tenth(cap, shrunk):
+    assert dp.shrunken_cap(cap) == shrunk
+
+
+def test_oom_shrinks_until_it_fits_with_messages():
+    out = dp.oom_shrink(100, Q2_EXPERT_BYTES, 60 * Q2_EXPERT_BYTES)
+    assert out.attempts == (100, 90, 81, 72, 64, 57) and out.capacity_experts == 57
+    assert out.messages[0] == "allocation failed at 100 experts / 0.66 GiB"
+    assert out.messages[1] == "shrinking resident cache margin by 10 experts; runtime cache cap now 90"
+
+
+def test_oom_reaching_zero_disables_the_cache():
+    out = dp.oom_shrink(3, Q2_EXPERT_BYTES, 0)
+    assert out.capacity_experts == 0 and out.attempts == (3, 2, 1)
+    assert out.messages[-1] == "disabling resident expert cache after OOM; using direct selected loads"
+    assert dp.oom_shrink(100, Q2_EXPERT_BYTES, 0, live_cap_experts=5).attempts == (100, 5, 4, 3, 2, 1)
+
+
+@given(st.integers(0, 30000), st.integers(0, 30000))
+def test_oom_terminates_with_the_first_cap_that_fits(cap, fits):
+    out = dp.oom_shrink(cap, 1, fits)
+    assert out.capacity_experts <= min(cap, fits)
+    assert all(a > b for a, b in zip(out.attempts, out.attempts[1:]))
+    assert out.capacity_experts == 0 or out.capacity_experts == out.attempts[-1]
+
+
+# ------------------------------------------------------------------------------------------ staging
+
+
+def test_prefill_staging_is_the_union_high_water_mark():
+    layout = get_preset("deepseek-v4-flash-q2-q4")
+    sizes = layout.expert_bytes_per_layer()
+    assert dp.prefill_staging_bytes([256] * 43, sizes) == int(3.375 * GiB)
+    assert dp.prefill_staging_bytes([256] * 37 + [0] * 6, sizes) == int(1.6875 * GiB)
+    assert dp.prefill_staging_bytes([10] * 43, sizes, current_staging_bytes=GiB) == GiB  # grow-only
+    with pytest.raises(InputError, match="one union size per layer"):
+        dp.prefill_staging_bytes([1, 2], sizes)
