@@ -162,10 +162,9 @@ def trace_stats_cmd(
                      ["statistic", "value"]))
     out.print(_table("per layer", stats["per_layer"]))
     out.print(_table("prefill union vs chunk length", stats["prefill_union"]))
-    coactivation = stats.get("coactivation") or {}
-    if coactivation:
-        out.print(_table("co-activation", [{"statistic": k, "value": v} for k, v in coactivation.items()
-                                            if not isinstance(v, (list, dict))], ["statistic", "value"]))
+    for part, values in (stats.get("coactivation") or {}).items():
+        rows = [{"statistic": k, "value": v} for k, v in values.items() if not isinstance(v, (list, dict))]
+        out.print(_table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))
 
 
 # --- cache ----------------------------------------------------------------------------------------

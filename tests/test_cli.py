@@ -37,7 +37,7 @@ def test_demo_matches_golden_output():
 
 def test_demo_table_is_readable():
     text = expertsim("demo").stdout
-    assert "one slab (before #504)" in text and "OPT bound" in text
+    assert "one slab (pre-#504)" in text and "OPT bound" in text
 
 
 def test_cache_json_has_tables_and_counts_add_up(small_trace):

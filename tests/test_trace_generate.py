@@ -331,7 +331,7 @@ def test_deepseek_profile_union(preset, key):
     routed_layers = np.arange(3, len(listed))
     got, want = per_layer[routed_layers], listed[routed_layers]
     assert abs(np.median(got) / np.median(want) - 1) <= 0.12
-    assert np.corrcoef(got, want)[0, 1] >= 0.5
+    assert np.corrcoef(got, want)[0, 1] >= 0.8
     # hash layers: Flash lists 251-254 of 256 at 299 tokens
     if key == "deepseek-v4-flash":
         assert per_layer[:3].min() >= 230

@@ -29,13 +29,14 @@ ds4 hotlist (DeepSeek V4): a list of (layer, expert) pairs sorted by profile hit
 The pairs of one layer must carry the same total mass as those of any other layer (every token makes k
 selections in every layer). We model the common value-of-rank curve v(g) = (g + g0)^-b of the global
 rank g and fit (b, g0) so that the per-layer sums sum_{g in layer} v(g) are as equal as possible
-(coefficient of variation over layers: 1.8 % Flash, 1.5 % Pro). A layer's distribution is then
-v(g) / sum over its listed pairs, zero for unlisted experts. Check on Flash: its tail is in tie blocks
-ordered by (layer, expert), which gives the exact hit counts 1..26 of 86 % of the pairs; the three
-hash-routed layers sum to exactly 1,794 = 6 × 299 hits each, so the Flash profile is one 299-token run.
-A fit of the counted head alone (same law, constrained to the 40 per-layer totals) gives b = 0.99,
-g0 = 47 against b = 1.00, g0 = 49 from the ranks alone. For Pro (ties broken by weight, no counts) the
-profile length is estimated from the hash layers' distinct-expert counts as if they were uniform.
+(coefficient of variation over layers: 1.8 % Flash, 1.5 % Pro; fits b = 1.00, g0 = 51 and b = 0.90,
+g0 = 46). A layer's distribution is then v(g) / sum over its listed pairs, zero for unlisted experts.
+Check on Flash: its tail is in tie blocks ordered by (layer, expert), which gives the exact hit counts
+1..26 of 86 % of the pairs; the three hash-routed layers sum to exactly 1,794 = 6 x 299 hits each, so
+the Flash profile is one 299-token run. (A one-off fit of the same law to the counted tail plus the 40
+per-layer totals, made while writing this script, gave b = 0.99, g0 = 47: the rank-only fit agrees.)
+For Pro (ties broken by weight, no counts) the profile length is estimated from the hash layers'
+distinct-expert counts as if they were uniform (about 52 tokens).
 """
 
 from __future__ import annotations

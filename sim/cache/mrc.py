@@ -29,103 +29,92 @@ def _popcount64(typingctx, x):
     return sig, codegen
 
 
-@njit(cache=True, inline="always")
-def _tree_add(tree, base, n_words, word, delta):
-    i = word + 1
-    while i <= n_words:
-        tree[base + i] += delta
-        i += i & (-i)
-
-
-@njit(cache=True, inline="always")
-def _tree_prefix(tree, base, word):
-    """Marks in words [0, word)."""
-    total = 0
-    i = word
-    while i > 0:
-        total += tree[base + i]
-        i -= i & (-i)
-    return total
-
-
+# The access loop below holds no function call (not even to the rare renumbering): in numba a call that
+# takes arrays reference-counts them and keeps LLVM from holding values in registers, which measured
+# several times slower in the cache kernels. The Fenwick tree steps are therefore written out in place.
 @njit(cache=True)
-def _renumber(pool, bits, word_base, n_words, tree, tree_base, key_at, time_base, last):
-    """Move the live marks of a pool to times 0..m-1 (same order); returns m."""
-    nw = n_words[pool]
-    wb = word_base[pool]
-    tb = time_base[pool]
-    m = 0
-    for w in range(nw):
-        word = bits[wb + w]
-        while word != 0:
-            b = _popcount64((word & (~word + np.uint64(1))) - np.uint64(1))  # index of the lowest set bit
-            word &= word - np.uint64(1)
-            key = key_at[tb + w * 64 + b]
-            key_at[tb + m] = key
-            last[key] = m
-            m += 1
-    for w in range(nw):
-        bits[wb + w] = np.uint64(0)
-        tree[tree_base[pool] + w + 1] = 0
-    for t in range(m):
-        bits[wb + (t >> 6)] |= np.uint64(1) << np.uint64(t & 63)
-    for w in range(nw):
-        _tree_add(tree, tree_base[pool], nw, w, int(_popcount64(bits[wb + w])))
-    return m
-
-
-@njit(cache=True)
-def stack_distance_histograms(experts, phase, pool_of_layer, keys_per_pool, n_experts, hist, cold):
-    """hist[layer, phase, d] += accesses at stack distance d (1-based) within the layer's pool;
-    cold[layer, phase] += first accesses of a key."""
+def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, keys_per_pool, n_experts, hist, cold):
+    """hist[group, phase, d] += accesses at stack distance d (1-based) within the layer's pool;
+    cold[group, phase] += first accesses of a key (group = group_of_layer[layer])."""
     rows, layers, top_k = experts.shape
     n_pools = keys_per_pool.shape[0]
-    n_words = np.empty(n_pools, np.int64)
-    word_base = np.empty(n_pools, np.int64)
-    tree_base = np.empty(n_pools, np.int64)
-    time_base = np.empty(n_pools, np.int64)
+    n_words = np.empty(n_pools, np.uint64)
+    word_base = np.empty(n_pools, np.uint64)
+    tree_base = np.empty(n_pools, np.uint64)  # the tree of a pool has n_words + 1 entries (1-based)
     wsum = 0
-    tsum = 0
     for p in range(n_pools):
         n_words[p] = (2 * keys_per_pool[p] + 63) // 64 + 1
         word_base[p] = wsum
-        tree_base[p] = wsum + p  # the tree has n_words + 1 entries (1-based)
-        time_base[p] = tsum
+        tree_base[p] = wsum + p
         wsum += n_words[p]
-        tsum += n_words[p] * 64
     bits = np.zeros(wsum, np.uint64)
-    tree = np.zeros(wsum + n_pools, np.int64)
-    key_at = np.zeros(tsum, np.int32)
-    now = np.zeros(n_pools, np.int64)
+    tree = np.zeros(wsum + n_pools, np.int32)
+    key_at = np.zeros(wsum * 64, np.uint32)  # the key whose latest access is at this pool-local time
+    now = np.zeros(n_pools, np.uint64)
     live = np.zeros(n_pools, np.int64)
-    last = np.full(layers * n_experts, -1, np.int64)
+    never = np.uint32(0xFFFFFFFF)
+    last = np.full(layers * n_experts, never, np.uint32)  # pool-local time of a key's latest access
+    one = np.uint64(1)
     for r in range(rows):
         ph = phase[r]
         for layer in range(layers):
             if experts[r, layer, 0] == 0xFFFF:
                 continue
             p = pool_of_layer[layer]
+            group = group_of_layer[layer]
             wb = word_base[p]
             tb = tree_base[p]
             nw = n_words[p]
+            base = np.uint64(layer * n_experts)
             for j in range(top_k):
-                key = layer * n_experts + experts[r, layer, j]
+                key = base + np.uint64(experts[r, layer, j])
                 lt = last[key]
-                if lt < 0:
-                    cold[layer, ph] += 1
+                if lt == never:
+                    cold[group, ph] += 1
                     live[p] += 1
                 else:
-                    w = lt >> 6
-                    bit = np.uint64(1) << np.uint64(lt & 63)
-                    below = _tree_prefix(tree, tb, w) + int(_popcount64(bits[wb + w] & (bit - np.uint64(1))))
-                    hist[layer, ph, live[p] - below] += 1
+                    w = np.uint64(lt >> 6)
+                    bit = one << np.uint64(lt & 63)
+                    below = _popcount64(bits[wb + w] & (bit - one))
+                    i = w
+                    while i > 0:  # Fenwick prefix: marks in words [0, w)
+                        below += np.uint64(tree[tb + i])
+                        i &= i - one
+                    hist[group, ph, live[p] - np.int64(below)] += 1
                     bits[wb + w] &= ~bit
-                    _tree_add(tree, tb, nw, w, -1)
+                    i = w + one
+                    while i <= nw:  # Fenwick update: one mark fewer in word w
+                        tree[tb + i] -= 1
+                        i += i & (~i + one)
                 t = now[p]
                 if t == nw * 64:
-                    t = _renumber(p, bits, word_base, n_words, tree, tree_base, key_at, time_base, last)
-                bits[wb + (t >> 6)] |= np.uint64(1) << np.uint64(t & 63)
-                _tree_add(tree, tb, nw, t >> 6, 1)
-                key_at[time_base[p] + t] = key
-                last[key] = t
-                now[p] = t + 1
+                    # Renumber: move the live marks to times 0..m-1, in order, and rebuild the tree.
+                    m = np.uint64(0)
+                    for w2 in range(nw):
+                        word = bits[wb + w2]
+                        while word != 0:
+                            b = _popcount64((word & (~word + one)) - one)  # index of the lowest set bit
+                            word &= word - one
+                            moved = key_at[(wb + w2) * 64 + b]
+                            key_at[wb * 64 + m] = moved
+                            last[moved] = np.uint32(m)
+                            m += one
+                        bits[wb + w2] = 0
+                        tree[tb + w2 + one] = 0
+                    for t2 in range(m):
+                        bits[wb + (t2 >> 6)] |= one << np.uint64(t2 & 63)
+                    for w2 in range(nw):
+                        i = np.uint64(w2) + one
+                        count = np.int32(_popcount64(bits[wb + w2]))
+                        while i <= nw:
+                            tree[tb + i] += count
+                            i += i & (~i + one)
+                    t = m
+                bits[wb + (t >> 6)] |= one << np.uint64(t & 63)
+                i = (t >> 6) + one
+                while i <= nw:  # Fenwick update: one mark more in word t >> 6
+                    tree[tb + i] += 1
+                    i += i & (~i + one)
+                key_at[wb * 64 + t] = key
+                last[key] = np.uint32(t)
+                now[p] = t + one

@@ -321,17 +321,19 @@ def replay(trace: Trace, geometry: Geometry, policy: str, scope: str, capacity: 
 
 @dataclass
 class MissRatioCurve:
-    """LRU hits of every capacity from one pass: hist[layer, phase, d] accesses at stack distance d."""
+    """LRU hits of every capacity from one pass: hist[group, phase, d] accesses at stack distance d.
+
+    A group is a layer (per-layer scope) or a size class (class and global scopes): small enough to stay
+    in cache while the pass runs, fine enough for per-class curves."""
 
     scope: str
     geometry: Geometry
     hist: np.ndarray
     cold: np.ndarray
 
-    def hits(self, capacity: int, layers: np.ndarray | None = None) -> int:
-        """Hits of an evicting LRU with `capacity` slots in every pool (over the given layers)."""
-        h = self.hist if layers is None else self.hist[layers]
-        return int(h[..., 1: capacity + 1].sum())
+    def hits(self, capacity: int) -> int:
+        """Hits of an evicting LRU with `capacity` slots in every pool."""
+        return int(self.hist[..., 1: capacity + 1].sum())
 
     def curve(self) -> pd.DataFrame:
         """Per size class: hits, misses and miss ratio for every capacity 0..keys in the pool, in slots
@@ -342,8 +344,9 @@ class MissRatioCurve:
         pools = g.pools(self.scope)
         for c in range(g.n_classes):
             layers = np.flatnonzero(g.class_of_layer == c)
-            hist = self.hist[layers].sum(axis=(0, 1))
-            lookups = int(hist.sum() + self.cold[layers].sum())
+            groups = layers if self.scope == "layer" else [c]
+            hist = self.hist[groups].sum(axis=(0, 1))
+            lookups = int(hist.sum() + self.cold[groups].sum())
             max_slots = int(keys[np.unique(pools[layers])].max())
             hits = np.concatenate([[0], np.cumsum(hist[1: max_slots + 1])])
             slots = np.arange(max_slots + 1)
@@ -364,8 +367,10 @@ def lru_mrc(trace: Trace, geometry: Geometry, scope: str) -> MissRatioCurve:
     """Exact LRU miss-ratio curves of an evicting cache, per pool, in one pass over the trace."""
     pool_of_layer = geometry.pools(scope)
     keys_per_pool = geometry.keys_per_pool(scope)
-    hist = np.zeros((geometry.n_layers, 2, int(keys_per_pool.max()) + 1), np.int64)
-    cold = np.zeros((geometry.n_layers, 2), np.int64)
-    stack_distance_histograms(trace.experts, trace.phase, pool_of_layer, keys_per_pool, geometry.n_experts,
-                              hist, cold)
+    group_of_layer = np.arange(geometry.n_layers) if scope == "layer" else geometry.class_of_layer.astype(np.int64)
+    n_groups = int(group_of_layer.max()) + 1
+    hist = np.zeros((n_groups, 2, int(keys_per_pool.max()) + 1), np.int64)
+    cold = np.zeros((n_groups, 2), np.int64)
+    stack_distance_histograms(trace.experts, trace.phase, pool_of_layer, group_of_layer, keys_per_pool,
+                              geometry.n_experts, hist, cold)
     return MissRatioCurve(scope, geometry, hist, cold)

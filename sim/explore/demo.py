@@ -24,11 +24,11 @@ SEED_BUDGET_EXPERTS = 9472  # ds4 PR #504 run: --ssd-streaming-cache-experts 947
 TIGHT_BUDGET_EXPERTS = 2048
 
 CASES = (
-    ("one slab (before #504)", "ds4-slab", SEED_BUDGET_EXPERTS, "evict"),
-    ("per size class (after #504)", "lru", SEED_BUDGET_EXPERTS, "append"),
-    ("per size class, prefill evicts", "lru", TIGHT_BUDGET_EXPERTS, "evict"),
-    ("per size class, append-only prefill", "lru", TIGHT_BUDGET_EXPERTS, "append"),
-    ("OPT bound (Belady MIN)", "opt", TIGHT_BUDGET_EXPERTS, "evict"),
+    ("one slab (pre-#504)", "ds4-slab", SEED_BUDGET_EXPERTS, "evict"),
+    ("per class (#504)", "lru", SEED_BUDGET_EXPERTS, "append"),
+    ("per class", "lru", TIGHT_BUDGET_EXPERTS, "evict"),
+    ("per class", "lru", TIGHT_BUDGET_EXPERTS, "append"),
+    ("OPT bound", "opt", TIGHT_BUDGET_EXPERTS, "evict"),
 )
 
 
@@ -46,15 +46,15 @@ def run_demo() -> dict:
             "cache": name,
             "budget": budget,
             "prefill": prefill,
-            "decode_hit_rate": round(float(decode["hit_rate"]), 4),
-            "prefill_hit_rate": round(float(phases.loc["prefill", "hit_rate"]), 4),
-            "decode_MiB_per_token": round(float(decode["load_bytes"]) / DECODE_TOKENS / 2**20, 1),
+            "decode_hit": round(float(decode["hit_rate"]), 4),
+            "prefill_hit": round(float(phases.loc["prefill", "hit_rate"]), 4),
+            "MiB_per_token": round(float(decode["load_bytes"]) / DECODE_TOKENS / 2**20, 1),
         })
     decode_rows = int((trace.phase == PHASE_DECODE).sum())
     return {
         "title": f"{MODEL}: {PROMPT_TOKENS}-token prompt, {decode_rows} decoded tokens, "
                  f"{geometry.n_classes} expert size classes ({', '.join(f'{b / 2**20:.2f} MiB' for b in geometry.class_bytes)})",
-        "table_title": "expert cache hit rates (cache level; engine timing comes with `expertsim run`)",
+        "table_title": "expert cache hits; MiB_per_token = expert bytes loaded per decoded token",
         "rows": rows,
         "notes": [
             "The single slab is rebuilt at every q2<->q4 layer transition, so it never warms (ds4 issue #503).",

@@ -25,8 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator, \
-    model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, create_model, \
+    field_validator
 
 from sim.errors import InputError
 
@@ -56,15 +56,17 @@ def safe_path(where: str, field: str, text: object) -> None:
         raise InputError(where, field, text, "must be a non-empty path without NUL characters")
 
 
-def read_toml(path: Path, where: str | None = None) -> dict:
-    """Parse a TOML file; every failure is an InputError naming the file."""
-    where = where or str(path)
+def read_bytes(path: Path, where: str) -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise InputError(where, "path", str(path), "no such file") from None
     except (OSError, ValueError) as exc:
         raise InputError(where, "path", str(path), f"unreadable: {type(exc).__name__}") from None
+
+
+def parse_toml(raw: bytes, where: str) -> dict:
+    """Parse TOML bytes; every failure is an InputError naming `where`."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -75,6 +77,20 @@ def read_toml(path: Path, where: str | None = None) -> dict:
         raise InputError(where, "toml", " ".join(str(exc).split()), "not valid TOML") from None
     except RecursionError:
         raise InputError(where, "toml", "nesting", "too deeply nested") from None
+
+
+def read_toml(path: Path, where: str | None = None) -> dict:
+    """Parse a TOML file; every failure is an InputError naming the file."""
+    where = where or str(path)
+    return parse_toml(read_bytes(path, where), where)
+
+
+def display_path(path: Path) -> str:
+    """`path` relative to the working folder when it lies below it (what users type), else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def sha256_file(path: Path) -> str:
@@ -156,6 +172,10 @@ def known_keys(model: type[BaseModel]) -> list[str]:
 def _why(err: dict, root: type[BaseModel]) -> tuple[str, object]:
     """One short reason for one pydantic error, and the value to show."""
     kind, ctx, loc, value = err["type"], err.get("ctx") or {}, err["loc"], err.get("input")
+    original = value
+    if kind not in ("extra_forbidden", "model_type", "model_attributes_type", "dict_type", "union_tag_invalid",
+                    "union_tag_not_found") and isinstance(value, (dict, list)):
+        value = "{...}" if isinstance(value, dict) else f"[{len(value)} item{'' if len(value) == 1 else 's'}]"
     target = _walk(root, loc)
     if kind == "extra_forbidden":
         parent = _walk(root, loc[:-1])
@@ -189,12 +209,27 @@ def _why(err: dict, root: type[BaseModel]) -> tuple[str, object]:
         "literal_error": lambda: f"must be {ctx.get('expected')}",
         "too_short": lambda: f"needs at least {ctx.get('min_length')} item(s)",
         "string_too_short": lambda: "must not be empty",
-        "string_pattern_mismatch": lambda: f"must match {ctx.get('pattern')}",
+        "string_pattern_mismatch": lambda: ("must start with a provenance tag, [S] spec, [M] public measurement, "
+                                            "[H] this project's measurement or [E] estimate (also e.g. "
+                                            "[E from M]), then a space and the note"
+                                            if loc and loc[-1] == "source" else f"must match {ctx.get('pattern')}"),
         "value_error": lambda: str(ctx.get("error", err["msg"])),
     }
     if kind in simple:
-        return simple[kind](), value
+        why = simple[kind]()
+        if kind.endswith("_type") and original is not None:
+            why += f", not {_toml_type(original)}"
+            value = repr(original) if isinstance(original, str) else value
+        return why, value
     return " ".join(err["msg"].split()), value
+
+
+def _toml_type(value: object) -> str:
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+                       (dict, "a table"), (list, "an array")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 def input_error(where: str, exc: ValidationError, root: type[BaseModel]) -> InputError:
@@ -228,13 +263,14 @@ class Quantity(Strict):
     unit: str
     source: str = Field(pattern=_SOURCE_PATTERN, min_length=8)
     calibrated: bool = False
-    derivation: str | None = Field(default=None, min_length=1)
+    derivation: str | None = Field(default=None, min_length=1, validate_default=True)
 
-    @model_validator(mode="after")
-    def _calibrated_needs_derivation(self) -> "Quantity":
-        if self.calibrated and not self.derivation:
+    @field_validator("derivation", mode="after")
+    @classmethod
+    def _calibrated_needs_derivation(cls, derivation: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("calibrated") and not derivation:
             raise ValueError("calibrated = true needs a derivation saying how the figure was obtained")
-        return self
+        return derivation
 
     @field_validator("value", mode="after")
     @classmethod
@@ -427,18 +463,26 @@ def hardware_search_dirs(start: Path) -> list[Path]:
     return list(dict.fromkeys(dirs))
 
 
+def is_file(path: Path) -> bool:
+    """Path.is_file() that says False instead of raising for names the OS refuses (too long, say)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_hardware(ref: str, base: Path, where: str, field: str = "hardware") -> Path:
     safe_path(where, field, ref)
     if _is_bare_name(ref):
         for folder in hardware_search_dirs(base):
             candidate = folder / f"{ref}.toml"
-            if candidate.is_file():
+            if is_file(candidate):
                 return candidate
         raise InputError(where, field, ref, f"no hardware profile {ref}.toml in scenarios/hardware/ next to or "
                                             f"above {base} (or give a path to a .toml file)")
-    path = Path(ref).expanduser()
+    path = Path(ref)
     path = path if path.is_absolute() else base / path
-    if not path.is_file():
+    if not is_file(path):
         raise InputError(where, field, ref, f"no such file ({path})")
     return path
 
@@ -448,36 +492,38 @@ def load_hardware(ref: str | Path, *, base: str | Path | None = None) -> Hardwar
     upward, then in this repository) or by path (relative to `base`, or absolute)."""
     base_dir = Path(base) if base is not None else Path.cwd()
     path = resolve_hardware(str(ref), base_dir, str(ref), "hardware")
-    return _load_hardware_file(path.resolve())
+    return load_hardware_file(path.resolve())
 
 
-def _load_hardware_file(path: Path) -> HardwareProfile:
-    stat = path.stat()
-    return _cached_profile(path, stat.st_mtime_ns, stat.st_size).model_copy()
-
-
-@lru_cache(maxsize=64)
-def _cached_profile(path: Path, mtime_ns: int, size: int) -> HardwareProfile:
-    where = str(path)
-    data = read_toml(path, where)
-    if isinstance(data, dict) and "name" not in data:
-        data = {"name": path.stem, **data}
-    profile = validate(where, HardwareProfile, data)
+def load_hardware_file(path: Path) -> HardwareProfile:
+    """The profile in the file `path`. Parsing is cached by content; each call returns its own copy, and the
+    calibration file (if any) is hashed afresh."""
+    where = display_path(path)
+    profile = _parse_profile(where, read_bytes(path, where)).model_copy()
     profile._path = path
     if profile.calibration is not None:
         safe_path(where, "calibration", profile.calibration)
-        cal = Path(profile.calibration).expanduser()
+        cal = Path(profile.calibration)
         cal = cal if cal.is_absolute() else path.parent / cal
-        if not cal.is_file():
+        if not is_file(cal):
             raise InputError(where, "calibration", profile.calibration, f"no such file ({cal})")
         profile._calibration_path = cal.resolve()
         profile._calibration_sha256 = sha256_file(cal)
+    return profile
+
+
+@lru_cache(maxsize=64)
+def _parse_profile(where: str, raw: bytes) -> HardwareProfile:
+    data = parse_toml(raw, where)
+    if "name" not in data:
+        data = {"name": Path(where).stem, **data}
+    profile = validate(where, HardwareProfile, data)
     if "" in profile.compute:
         raise InputError(where, "compute", "", "a model class key must not be empty")
     return profile
 
 
 __all__ = [
-    "Compute", "GIB", "HardwareProfile", "KIB", "MIB", "Quantity", "input_error", "load_hardware", "quantity",
-    "read_toml", "resolve_hardware", "validate",
+    "Compute", "GIB", "HardwareProfile", "KIB", "MIB", "Quantity", "input_error", "is_file", "load_hardware",
+    "load_hardware_file", "quantity", "read_toml", "resolve_hardware", "validate",
 ]

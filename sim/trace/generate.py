@@ -280,11 +280,6 @@ def _stretched_exp(e: int, beta: float, r0_frac: float) -> np.ndarray:
     return w / w.sum()
 
 
-def _entropy_norm(p: np.ndarray) -> float:
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum() / math.log(max(p.size, 2))) if p.size > 1 else 1.0
-
-
 def _r0_for_entropy(e: int, beta: float, target: float) -> float:
     lo, hi = math.log(1e-4), math.log(1e3)
     for _ in range(60):
@@ -810,7 +805,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
                    vocab_cum=vocab_cum, hash_seed=seed & 0x7FFF_FFFF_FFFF_FFFF, calibrated={})
     w0 = model.w.copy()
     if stored is None:
-        _calibrate(model, reuse_t, union_t, rng)
+        _calibrate(model, reuse_t, union_t)
         origin = "calibrated at run time (no stored calibration matches this preset)"
     else:
         model.shift = np.array(stored["working_set_shift"], float)
@@ -975,7 +970,7 @@ def _set_size(model: _Model, size) -> None:
     model.shift = np.where(model.local, _shift_for_size(model, np.broadcast_to(size, model.shift.shape)), 0.0)
 
 
-def _calibrate(model: _Model, reuse_t: np.ndarray, union_t, rng) -> None:
+def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
     """Find each layer's working-set size (from the prefill-union target) and keep probabilities (from the
     reuse target) by pilot runs; the base weights get the marginal correction for the sizes found."""
     seed = 7_777

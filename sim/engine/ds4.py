@@ -1,0 +1,291 @@
+"""ds4's CUDA SSD-streaming expert cache as a SimPy process (antirez/ds4 @80ebbc3, and PR #504).
+
+What the model does, per the engine's code paths (reference/ds4-engine.md §1.5-§1.10):
+- decode, per token and layer: the router's 6 experts are looked up in the cache of their size class
+  (variant pr504) or in the single slab keyed on the last size seen (pre-504: a size change releases the
+  slab and allocates one for the new size). A hit is 3 synchronous D2D copies (gate, up, down) into the
+  compact staging buffer; a miss loads the 3 parts into a slab slot (each read -> H2D -> stream sync, the
+  engine's QD1 streamed copy) and then makes the same 3 D2D copies. Per layer the engine also syncs the
+  device, reads the ids back and uploads the slot map; only the shared-expert kernels overlap the fetch.
+- prefill: prompts of <= 18 tokens (64 when layer 0 is Q4_K) go through the decode path; longer ones run
+  layer-major in chunks (--prefill-chunk, default the prompt up to 4096, else 4096; 8192 for Pro). Per
+  layer the chunk's expert union is staged in a grow-only compact buffer. pre-504: every batch call first
+  releases all caches and loads the whole union directly. pr504: staging first, then hits are D2D copies,
+  misses fill free slots (append) and the rest load directly: a prefill never evicts.
+Everything here is serial on the host (the engine syncs after every part), so the layer step's time is
+the sum of its operations; the links keep the books per path (file, host memcpy, PCIe, D2D, compute).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
+from sim.cache.replay import LRUCache
+from sim.engine import ds4_plan
+from sim.engine.timeline import Link, Recorder
+from sim.engine.workload import WorkloadRouting
+from sim.errors import InputError
+
+# fmt: off
+MIB = 1 << 20
+GIB = 1 << 30
+DECODE_PATH_PREFILL_MAX_TOKENS = 18        # ds4.c L19505-19567: short prompts run the decode path (§1.7)
+DECODE_PATH_PREFILL_MAX_TOKENS_Q4 = 64     # ... 64 when layer 0's experts are all Q4_K (§1.7)
+DEFAULT_PREFILL_CHUNK_TOKENS = 4096        # ds4_prefill_cap_for_prompt, ds4.c L8330 (§1.7)
+DEFAULT_PREFILL_CHUNK_TOKENS_PRO = 8192    # same, DeepSeek V4 Pro (§1.7)
+PARTS_PER_EXPERT = 3                       # gate, up, down: three file ranges, three copies (§1.8)
+DEVICE_SYNCS_PER_DECODE_LAYER = 3          # "roughly 43 x (2-4) syncs per token": device sync after the router,
+                                           # the worker's sync, flush_commands (§1.6 steps 1, 2, 4)
+# Non-routed weights resident on the GPU, and the runtime's other VRAM (KV, compute buffers, context):
+# free VRAM before the expert cache = VRAM - both. ds4's #503 log gives "available 81.57 GiB" for the
+# q2-q4 Flash file on the 96 GB card (§1.12); with 8.20 GiB non-routed (#488) the rest is 96 - 81.57 - 8.20.
+NON_ROUTED_GIB = {"deepseek-v4-flash": 8.20}   # antirez/ds4#488: "non-routed weights: 8.20 GiB" (§2.3)
+RUNTIME_OVERHEAD_GIB = 96 - 81.57 - 8.20       # [derived] from the #503 log on the RTX PRO 6000 96 GB
+# fmt: on
+
+
+def _non_routed_bytes(model: str) -> int:
+    for family, gib in NON_ROUTED_GIB.items():
+        if model.startswith(family):
+            return int(gib * GIB)
+    raise InputError("scenario", "model", model, f"ds4 is modelled for {', '.join(NON_ROUTED_GIB)} only")
+
+
+class Ds4Engine:
+    """One ds4 process serving a scenario's requests in order."""
+
+    def __init__(self, scenario, routing: WorkloadRouting, recorder: Recorder):
+        self.scenario, self.routing, self.rec = scenario, routing, recorder
+        hw, layout, engine = scenario.hardware_profile, scenario.layout, scenario.engine
+        self.variant = engine.variant
+        self.per_class = self.variant != "pre-504"
+        self.compute = scenario.compute
+        self.n_layers = layout.n_routed_layers
+        self.n_experts = layout.n_experts
+        self.layers = layout.layers[: self.n_layers]
+        self.part_bytes = np.array([[x.gate_bytes, x.up_bytes, x.down_bytes] for x in self.layers], np.int64)
+        self.expert_bytes = self.part_bytes.sum(axis=1)
+        classes: dict = {}
+        for x in self.layers:
+            classes.setdefault((x.gate_bytes, x.down_bytes), len(classes))
+        self.class_of_layer = np.array([classes[(x.gate_bytes, x.down_bytes)] for x in self.layers])
+        self.class_bytes = [ds4_plan.expert_bytes(g, d) for g, d in classes]
+        self.n_classes = len(classes)
+        # budget and reserve, as the engine parses them
+        flags, env = engine.flags, engine.env
+        cli = None
+        if flags.ssd_streaming_cache_experts is not None:
+            cli = ds4_plan.parse_cache_experts_arg(flags.ssd_streaming_cache_experts, int(self.expert_bytes[0]))
+        self.budget_experts = ds4_plan.requested_budget_experts(
+            cli, getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_N", None))
+        self.vram_total = int(hw.gpu.vram_gib.value * GIB)
+        self.reserve_bytes = ds4_plan.vram_reserve_bytes(
+            getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None), self.vram_total)
+        self.vram_free = self.vram_total - _non_routed_bytes(layout.name) - int(RUNTIME_OVERHEAD_GIB * GIB)
+        pro = "pro" in layout.name
+        self.chunk_default = DEFAULT_PREFILL_CHUNK_TOKENS_PRO if pro else DEFAULT_PREFILL_CHUNK_TOKENS
+        self.chunk_flag = flags.prefill_chunk
+        q4_first = all(t == "Q4_K" for t in (self.layers[0].gate_type, self.layers[0].up_type, self.layers[0].down_type))
+        self.decode_path_max = DECODE_PATH_PREFILL_MAX_TOKENS_Q4 if q4_first else DECODE_PATH_PREFILL_MAX_TOKENS
+        # where a miss's bytes come from: the page cache (buffered pread of a file kept in RAM) or the SSD
+        no_direct_io = getattr(env, "DS4_CUDA_NO_DIRECT_IO", None) not in (None, "0", "")
+        keep_pages = getattr(env, "DS4_CUDA_KEEP_MODEL_PAGES", None) not in (None, "0", "")
+        fits_in_ram = layout.total_expert_bytes + _non_routed_bytes(layout.name) < hw.host.ram_gib.value * GIB
+        self.page_cache = no_direct_io and keep_pages and fits_in_ram
+        lat = hw.latency
+        self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
+        self.sync_s = lat.device_sync_us.value * 1e-6
+        self.malloc = (lat.cuda_malloc_us.value * 1e-6, lat.cuda_malloc_us_per_gib.value * 1e-6)
+        self.free = (lat.cuda_free_us.value * 1e-6, lat.cuda_free_us_per_gib.value * 1e-6)
+        self.links = {
+            "file": Link("file", hw.ssd_read_gbps(1) * 1e9, hw.ssd.request_latency_us.value * 1e-6),
+            "memcpy": Link("host memcpy", hw.host.memcpy_gbps.value * 1e9),
+            "h2d": Link("PCIe H2D", hw.pcie.h2d_pinned_gbps.value * 1e9, hw.pcie.copy_fixed_latency_us.value * 1e-6),
+            "d2d": Link("D2D", hw.d2d.copy_gbps.value * 1e9, self.memcpy_call_s),
+            "compute": Link("GPU compute", 0.0),
+            "host": Link("host calls", 0.0),
+        }
+        # cache state: one LRU pool per class (pr504) or one pool for the slab (pre-504)
+        self.cache = LRUCache(self.n_layers, self.n_experts, np.zeros(self.n_classes if self.per_class else 1, np.int64))
+        self.allocated = [False] * (self.n_classes if self.per_class else 1)
+        self.slab_class = -1
+        self.staging_bytes = 0
+        self.notices: list[str] = []
+        self.dedup = ds4_plan.NoticeDedup()
+        self.file_reads = 0
+
+    # --- VRAM ------------------------------------------------------------------------------------
+
+    def _cache_bytes(self) -> int:
+        caps = self.cache.capacity
+        if self.per_class:
+            return int(sum(int(caps[c]) * self.class_bytes[c] for c in range(self.n_classes) if self.allocated[c]))
+        return int(caps[0]) * self.class_bytes[self.slab_class] if self.allocated[0] else 0
+
+    def vram_used(self) -> int:
+        return self.vram_total - self.vram_free + self._cache_bytes() + self.staging_bytes
+
+    def _available(self) -> int:
+        return self.vram_free - self._cache_bytes() - self.staging_bytes
+
+    def _alloc_cost(self, n_bytes: int, release: bool) -> float:
+        fixed, per_gib = self.free if release else self.malloc
+        return fixed + per_gib * n_bytes / GIB
+
+    def _release_all(self, t: float) -> float:
+        """cuda_stream_expert_cache_release_all: free every cache (their contents are lost)."""
+        for pool, allocated in enumerate(self.allocated):
+            if allocated:
+                size = int(self.cache.capacity[pool]) * (self.class_bytes[pool] if self.per_class else self.class_bytes[self.slab_class])
+                t = self.links["host"].hold(t, self._alloc_cost(size, release=True))
+                self.cache.flush(pool)
+                self.cache.capacity[pool] = 0
+                self.allocated[pool] = False
+        self.slab_class = -1
+        return t
+
+    def _prepare(self, t: float, cls: int) -> tuple[float, int]:
+        """prepare(): the cache of this size class, allocated on first use; returns (time, pool)."""
+        if self.per_class:
+            pool = cls
+        else:
+            pool = 0
+            if self.allocated[0] and self.slab_class != cls:
+                t = self._release_all(t)  # pre-504: a size change releases the whole slab
+            if self.slab_class != cls:
+                self.dedup = ds4_plan.NoticeDedup()  # note_size() resets the cap and the notice
+        if not self.allocated[pool]:
+            live = ds4_plan.live_budget(self.budget_experts, self.class_bytes[cls], self._available(),
+                                        self.reserve_bytes)
+            notice = live.notice
+            if notice is not None and self.dedup.should_print(notice) if hasattr(self.dedup, "should_print") else notice:
+                self.notices.append(notice)
+            self.cache.capacity[pool] = live.capacity_experts
+            self.allocated[pool] = True
+            self.slab_class = cls
+            if live.capacity_experts:
+                t = self.links["host"].hold(t, self._alloc_cost(live.capacity_experts * self.class_bytes[cls], False))
+        return t, pool
+
+    def _grow_staging(self, t: float, n_bytes: int) -> float:
+        if n_bytes <= self.staging_bytes:
+            return t
+        if self.staging_bytes:
+            t = self.links["host"].hold(t, self._alloc_cost(self.staging_bytes, release=True))
+        if self.per_class and n_bytes - self.staging_bytes > self._available():
+            t = self._release_all(t)  # pr504: sacrifice the caches only when VRAM is really short
+        self.staging_bytes = n_bytes
+        return self.links["host"].hold(t, self._alloc_cost(n_bytes, release=False))
+
+    # --- copies ----------------------------------------------------------------------------------
+
+    def _load_parts(self, t: float, layer: int, n_experts: int) -> float:
+        """n experts' 3 parts, each read -> H2D -> stream sync, strictly one after another (QD1)."""
+        for part_bytes in self.part_bytes[layer]:
+            for _ in range(n_experts):
+                if self.page_cache:
+                    t = self.links["memcpy"].book(t, part_bytes)
+                else:
+                    t = self.links["file"].book(t, part_bytes)
+                t = self.links["h2d"].book(t, part_bytes)
+                t = self.links["host"].hold(t, self.sync_s)
+        self.file_reads += n_experts
+        return t
+
+    def _d2d(self, t: float, layer: int, n_experts: int) -> float:
+        for part_bytes in self.part_bytes[layer]:
+            t = self.links["d2d"].book(t, part_bytes * n_experts, n_experts)
+        return t
+
+    def _fetch(self, t: float, layer: int, experts: np.ndarray, mode: int, step: dict) -> tuple[float, int]:
+        """Look the experts up in their class cache and move their bytes; returns (time, step id)."""
+        cls = int(self.class_of_layer[layer])
+        t, pool = self._prepare(t, cls)
+        outcome, _, _ = self.cache.access(layer, experts, pool, mode)
+        n = np.bincount(outcome.astype(np.int64), minlength=4)
+        hits, inserts, evictions, direct = (int(n[HIT]), int(n[INSERT]), int(n[EVICT]), int(n[DIRECT]))
+        loaded = inserts + evictions
+        t = self._load_parts(t, layer, loaded + direct)
+        t = self._d2d(t, layer, hits + loaded)
+        step.update(lookups=len(experts), hits=hits, inserts=inserts, evictions=evictions, direct_loads=direct,
+                    h2d_bytes=int((loaded + direct) * self.expert_bytes[layer]),
+                    d2d_bytes=int((hits + loaded) * self.expert_bytes[layer]),
+                    file_read_bytes=int((loaded + direct) * self.expert_bytes[layer]))
+        sid = self.rec.step(**step, end_s=t, vram_used_bytes=self.vram_used())
+        for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
+            self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
+            self.rec.copy(sid, "H2D", direct, part_bytes, "file", f"staging:{part}")
+            self.rec.copy(sid, "D2D", hits + loaded, part_bytes, f"slab:{part}", f"staging:{part}")
+        return t, sid
+
+    # --- the engine's paths ----------------------------------------------------------------------
+
+    def _decode_token(self, t: float, request: int, phase: str, step_no: int, routing: np.ndarray) -> float:
+        for layer in range(self.n_layers):
+            start = t
+            t = self.links["compute"].hold(t, self.compute.decode_us_per_token_layer.value * 1e-6)
+            t = self.links["host"].hold(t, DEVICE_SYNCS_PER_DECODE_LAYER * self.sync_s + 2 * self.memcpy_call_s)
+            t = self._grow_staging(t, int(len(routing[layer]) * self.expert_bytes[layer]))
+            t, _ = self._fetch(t, layer, routing[layer], MODE_EVICT,
+                               dict(request=request, phase=phase, step=step_no, layer=layer, start_s=start, tokens=1))
+        return t
+
+    def _prefill_chunk(self, t: float, request: int, step_no: int, rows: np.ndarray) -> float:
+        for layer in range(self.n_layers):
+            start = t
+            union = np.unique(rows[:, layer])
+            union = union[union != 0xFFFF]
+            t = self.links["host"].hold(t, self.sync_s + 2 * self.memcpy_call_s)  # ids read back, slot map
+            if self.per_class:
+                t = self._grow_staging(t, int(len(union) * self.expert_bytes[layer]))
+                t, _ = self._fetch(t, layer, union, MODE_APPEND, dict(request=request, phase="prefill", step=step_no,
+                                                                       layer=layer, start_s=start, tokens=len(rows)))
+            else:
+                t = self._release_all(t)  # pre-504: every batch call frees the resident cache first
+                t = self._grow_staging(t, int(len(union) * self.expert_bytes[layer]))
+                t = self._load_parts(t, layer, len(union))
+                nbytes = int(len(union) * self.expert_bytes[layer])
+                sid = self.rec.step(request=request, phase="prefill", step=step_no, layer=layer, start_s=start,
+                                    end_s=t, tokens=len(rows), lookups=len(union), direct_loads=len(union),
+                                    h2d_bytes=nbytes, file_read_bytes=nbytes, vram_used_bytes=self.vram_used())
+                for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
+                    self.rec.copy(sid, "H2D", len(union), part_bytes, "file", f"staging:{part}")
+            t = self.links["compute"].hold(t, len(rows) * self.compute.prefill_us_per_token_layer.value * 1e-6)
+        return t
+
+    def serve(self, env: simpy.Environment, timings: list):
+        for request, (spec, routing) in enumerate(zip(self.scenario.workload.requests, self.routing.requests)):
+            if spec.think_time_s:
+                yield env.timeout(spec.think_time_s)
+            arrival = env.now
+            t = env.now
+            prompt = routing.prompt
+            if len(prompt) <= self.decode_path_max:
+                for i, row in enumerate(prompt):
+                    t = self._decode_token(t, request, "prefill", i, row)
+                    yield env.timeout(t - env.now)
+            else:
+                chunk = self.chunk_flag or (len(prompt) if len(prompt) <= self.chunk_default else self.chunk_default)
+                for step_no, first in enumerate(range(0, len(prompt), chunk)):
+                    t = self._prefill_chunk(t, request, step_no, prompt[first: first + chunk])
+                    yield env.timeout(t - env.now)
+            prefill_end = t
+            first_token = None
+            for i, row in enumerate(routing.decode):
+                t = self._decode_token(t, request, "decode", i, row)
+                if first_token is None:
+                    first_token = t
+                yield env.timeout(t - env.now)
+            timings.append({"request": request, "arrival_s": arrival, "prefill_end_s": prefill_end,
+                            "first_token_s": first_token if first_token is not None else prefill_end, "end_s": t,
+                            "prompt_tokens": len(prompt), "decode_tokens": len(routing.decode)})
+
+    def state(self) -> dict:
+        caps = [int(c) for c in self.cache.capacity]
+        return {"cache_slots": int(sum(caps)), "cache_slots_per_class": caps,
+                "cache_mib": self._cache_bytes() / MIB, "lent_slots": 0,
+                "prefill_buffer_mib": self.staging_bytes / MIB, "notices": list(self.notices),
+                "reserve_gib": self.reserve_bytes / GIB, "budget_experts": self.budget_experts,
+                "miss_source": "page cache" if self.page_cache else "SSD (O_DIRECT, QD1)"}

@@ -1,0 +1,182 @@
+"""Hardware profiles: every shipped profile validates, every number carries its source, bad files fail in one line."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sim.errors import InputError
+from sim.model.hardware import GIB, HardwareProfile, Quantity, load_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+HARDWARE = ROOT / "scenarios" / "hardware"
+PROFILES = sorted(HARDWARE.glob("*.toml"))
+TAG = re.compile(r"^\[[SMHE](/[SMHE])*( from [SMHE](/[SMHE])*)?\] \S")
+EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060ti-16gb", "h200"}
+
+
+def test_the_five_profiles_ship():
+    assert {p.stem for p in PROFILES} == EXPECTED
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_profile_loads_by_path_and_by_name(path):
+    by_path = load_hardware(path)
+    by_name = load_hardware(path.stem)
+    assert by_path.name == by_name.name == path.stem
+    assert by_path == by_name
+    assert by_path.path == path.resolve()
+    assert by_path.vram_bytes > 8 * GIB and by_path.ram_bytes > 8 * GIB
+
+
+def _numbers(node, path=""):
+    """Every int/float leaf of raw TOML data with its parent table and key."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield f"{path}.{key}", node, key
+            else:
+                yield from _numbers(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _numbers(item, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_every_number_in_the_file_has_a_tagged_source(path):
+    raw = tomllib.loads(path.read_text())
+    found = list(_numbers(raw))
+    assert len(found) >= 25
+    for where, table, key in found:
+        assert key in ("value", "queue_depth"), f"{path.name}{where}: a number outside a sourced quantity"
+        assert TAG.match(table.get("source", "")), f"{path.name}{where}: source {table.get('source')!r}"
+        if table.get("calibrated"):
+            assert len(table.get("derivation", "")) > 20, f"{path.name}{where}: calibrated without derivation"
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_validated_quantities_match_their_units_and_compute_is_derived(path):
+    profile = load_hardware(path)
+    quantities = dict(profile.quantities())
+    for key, q in quantities.items():
+        assert isinstance(q, Quantity) and TAG.match(q.source)
+        leaf = key.split(".")[-1].split("[")[0]
+        suffix = {"gbps": "GB/s", "us": "us", "gib": "GiB", "kib": "KiB", "layer": "us"}
+        if leaf.endswith("per_gib"):
+            assert q.unit == "us/GiB", key
+        elif leaf != "read_gbps_by_queue_depth":
+            assert q.unit == suffix[leaf.rsplit("_", 1)[-1]], key
+    # the seeds' model classes have compute figures, each calibrated with its derivation
+    assert set(profile.compute) >= {"deepseek-v4-flash", "qwen3.8-flash-next"}
+    for key, q in quantities.items():
+        if key.startswith("compute."):
+            assert q.calibrated and q.derivation, key
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_profile_figures_are_physically_consistent(path):
+    p = load_hardware(path)
+    # A device-local copy reads and writes every byte: bytes copied per second stay below half the DRAM
+    # bandwidth (the read+write double counting rule, hardware-and-gguf.md §1.1).
+    assert p.d2d.copy_gbps.value <= p.gpu.dram_bandwidth_gbps.value / 2
+    assert p.pcie.h2d_pageable_gbps.value < p.pcie.h2d_pinned_gbps.value
+    assert p.pcie.d2h_pageable_gbps.value < p.pcie.d2h_pinned_gbps.value
+    assert p.pcie.h2d_pinned_gbps.value < 64  # no PCIe 5.0 x16 direction carries more
+    assert p.wddm == (p.os == "windows")
+    assert p.compute["deepseek-v4-flash"].decode_us_per_token_layer.value > \
+        p.compute["deepseek-v4-flash"].prefill_us_per_token_layer.value
+
+
+def test_windows_box_is_wddm_and_the_h200_uses_project_measurements():
+    assert load_hardware("rtx-5090-48gb-windows").wddm
+    h200 = load_hardware("h200")
+    assert h200.vram_bytes == 143_771 * (1 << 20)
+    assert h200.pcie.h2d_pinned_gbps.source.startswith("[H]")
+    assert h200.ssd.max_request_kib.source.startswith("[H]")
+
+
+def test_ssd_table_interpolates_and_compute_matches_longest_prefix():
+    p = load_hardware("h200")
+    table = [(q.queue_depth, q.value) for q in p.ssd.read_gbps_by_queue_depth]
+    assert p.ssd_read_gbps(1) == table[0][1]
+    assert p.ssd_read_gbps(1000) == table[-1][1]
+    assert p.ssd_read_gbps(1.5) == pytest.approx((table[0][1] + table[1][1]) / 2)
+    assert p.compute_key("deepseek-v4-flash-q2-q4") == "deepseek-v4-flash"
+    assert p.compute_key("qwen3.8-flash-next-iq3s") == "qwen3.8-flash-next"
+    assert p.compute_for("mixtral-8x7b") is None
+
+
+# ------------------------------------------------------------------------------------- bad profiles
+
+BASE = (HARDWARE / "rtx-4090.toml").read_text()
+H2D = next(line for line in BASE.splitlines() if line.startswith("h2d_pinned_gbps"))
+VRAM = next(line for line in BASE.splitlines() if line.startswith("vram_gib"))
+
+
+def _error(tmp_path, text, name="bad.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_hardware(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path))
+    return message
+
+
+@pytest.mark.parametrize("old, new, key, why", [
+    (H2D, "h2d_pinned_gbps = 23.9", "pcie.h2d_pinned_gbps = 23.9", "needs its source"),
+    (VRAM, 'vram_gib = { value = 24, unit = "GiB" }', "gpu.vram_gib.source", "required"),
+    (VRAM, 'vram_gib = { value = 24, unit = "GiB", source = "24 GB, a spec" }', "gpu.vram_gib.source",
+     "provenance tag"),
+    (VRAM, 'vram_gib = { value = 24, unit = "GiB", source = "[X] 24 GB" }', "gpu.vram_gib.source", "provenance tag"),
+    (VRAM, 'vram_gib = { value = 24, unit = "GB", source = "[S] 24 GB" }', "gpu.vram_gib.unit = GB", "'GiB'"),
+    (VRAM, 'vram_gib = { value = -24, unit = "GiB", source = "[S] 24 GB" }', "gpu.vram_gib.value = -24", "> 0"),
+    (VRAM, 'vram_gib = { value = "24", unit = "GiB", source = "[S] 24 GB" }', "gpu.vram_gib.value", "a number"),
+    (VRAM, 'vram_gib = { value = 24, unit = "GiB", source = "[S] 24 GB", calibrated = true }',
+     "gpu.vram_gib.derivation", "needs a derivation"),
+    (VRAM, 'vram_gib = { value = 24, unit = "GiB", source = "[S] 24 GB", note = "x" }', "gpu.vram_gib.note",
+     "unknown key"),
+    ('os = "linux"', 'os = "macos"', "os = macos", "'linux' or 'windows'"),
+    ("[d2d]", '[d2d]\nfoo_gbps = { value = 1, unit = "GB/s", source = "[E] a guess" }', "d2d.foo_gbps",
+     "unknown key; known: copy_gbps"),
+    ("{ queue_depth = 4,", "{ queue_depth = 1,", "ssd.read_gbps_by_queue_depth", "strictly increase"),
+])
+def test_bad_profile_is_one_line_naming_file_and_key(tmp_path, old, new, key, why):
+    assert old in BASE
+    message = _error(tmp_path, BASE.replace(old, new, 1))
+    assert f": {key}" in message and why in message
+
+
+def test_missing_profile_and_bad_toml(tmp_path):
+    with pytest.raises(InputError, match="no hardware profile nope.toml"):
+        load_hardware("nope", base=tmp_path)
+    with pytest.raises(InputError, match="no such file"):
+        load_hardware(tmp_path / "nope.toml")
+    assert "not valid TOML" in _error(tmp_path, BASE + "\n[[[\n")
+    (tmp_path / "latin.toml").write_bytes(BASE.encode() + b"# \xff\n")
+    with pytest.raises(InputError, match="UTF-8"):
+        load_hardware(tmp_path / "latin.toml")
+
+
+def test_calibration_file_is_resolved_next_to_the_profile_and_hashed(tmp_path):
+    text = BASE.replace('os = "linux"', 'os = "linux"\ncalibration = "cal/4090.json"')
+    message = _error(tmp_path, text, "with-cal.toml")
+    assert ": calibration = cal/4090.json: no such file" in message
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "4090.json").write_text('{"fit": 1}')
+    profile = load_hardware(tmp_path / "with-cal.toml")
+    assert profile.calibration_path == (tmp_path / "cal" / "4090.json").resolve()
+    assert profile.calibration_sha256 == hashlib.sha256(b'{"fit": 1}').hexdigest()
+    (tmp_path / "cal" / "4090.json").write_text('{"fit": 2}')  # the profile text is unchanged
+    assert load_hardware(tmp_path / "with-cal.toml").calibration_sha256 != profile.calibration_sha256
+
+
+def test_profiles_are_frozen():
+    profile = load_hardware("rtx-4090")
+    with pytest.raises(Exception):
+        profile.os = "windows"
+    assert isinstance(profile, HardwareProfile)
