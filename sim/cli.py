@@ -250,6 +250,36 @@ def _print_mrc(curve, trace, as_json: bool) -> None:
     out.print(_table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows))
 
 
+# --- run -----------------------------------------------------------------------------------------
+
+HEADLINE = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
+            "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "ttft_s", "simulated_s")
+
+
+@app.command()
+def run(
+    scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for summary, steps and copy plan"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON only"),
+):
+    """Simulate an engine serving a scenario's workload: tok/s, TTFT, hit rates, lent slots, file reads."""
+    from sim.engine.run import run_scenario, write_results
+    from sim.scenario import load_scenario
+
+    result = run_scenario(load_scenario(scenario_path))
+    if output is not None:
+        result.summary["files"] = write_results(result, output)
+    if as_json:
+        _print_json(result.summary)
+        return
+    s = result.summary
+    out.print(_table(f"{scenario_path}: {s['engine']} {s['variant']} on {s['hardware']}, {s['model']}",
+                     [{"key": k, "value": s[k]} for k in HEADLINE], ["key", "value"]))
+    out.print(_table("links", s["links"]))
+    for notice in s["engine_state"].get("notices", []):
+        out.print(f"engine: {notice}")
+
+
 # --- demo and bench -------------------------------------------------------------------------------
 
 

@@ -112,7 +112,21 @@ class LRUCache:
 
     @property
     def capacity(self) -> np.ndarray:
-        return self.state["capacity"]
+        """Slots per pool (read-only view: change it with resize())."""
+        view = self.state["capacity"].view()
+        view.flags.writeable = False
+        return view
+
+    def resize(self, pool: int, slots: int) -> None:
+        """Give an empty pool a new slot count (an engine (re)allocating a cache of another size)."""
+        s = self.state
+        if s["count"][pool]:
+            raise ValueError(f"pool {pool} holds {s['count'][pool]} experts: flush it before resizing")
+        if slots > s["key_of_slot"].shape[1]:
+            grown = np.full((len(s["capacity"]), slots), -1, np.int32)
+            grown[:, : s["key_of_slot"].shape[1]] = s["key_of_slot"]
+            s["key_of_slot"] = grown
+        s["capacity"][pool] = slots
 
     def count(self, pool: int) -> int:
         return int(self.state["count"][pool])

@@ -113,7 +113,8 @@ class Ds4Engine:
         self.slab_class = -1
         self.staging_bytes = 0
         self.notices: list[str] = []
-        self.dedup = ds4_plan.NoticeDedup()
+        # notice de-duplication: one state per class after #504, one global state before it
+        self.dedup = [ds4_plan.NoticeDedup() for _ in range(self.n_classes if self.per_class else 1)]
         self.file_reads = 0
 
     # --- VRAM ------------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ class Ds4Engine:
                 size = int(self.cache.capacity[pool]) * (self.class_bytes[pool] if self.per_class else self.class_bytes[self.slab_class])
                 t = self.links["host"].hold(t, self._alloc_cost(size, release=True))
                 self.cache.flush(pool)
-                self.cache.capacity[pool] = 0
+                self.cache.resize(pool, 0)
                 self.allocated[pool] = False
         self.slab_class = -1
         return t
@@ -155,14 +156,14 @@ class Ds4Engine:
             if self.allocated[0] and self.slab_class != cls:
                 t = self._release_all(t)  # pre-504: a size change releases the whole slab
             if self.slab_class != cls:
-                self.dedup = ds4_plan.NoticeDedup()  # note_size() resets the cap and the notice
+                self.dedup[0].reset()  # note_size() resets the cap and the notice on a size change
         if not self.allocated[pool]:
             live = ds4_plan.live_budget(self.budget_experts, self.class_bytes[cls], self._available(),
                                         self.reserve_bytes)
-            notice = live.notice
-            if notice is not None and self.dedup.should_print(notice) if hasattr(self.dedup, "should_print") else notice:
-                self.notices.append(notice)
-            self.cache.capacity[pool] = live.capacity_experts
+            printed = self.dedup[pool].emit(live.notice)
+            if printed is not None:
+                self.notices.append(printed)
+            self.cache.resize(pool, live.capacity_experts)
             self.allocated[pool] = True
             self.slab_class = cls
             if live.capacity_experts:
