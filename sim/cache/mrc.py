@@ -51,7 +51,7 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
     tree = np.zeros(wsum + n_pools, np.int32)
     key_at = np.zeros(wsum * 64, np.uint32)  # the key whose latest access is at this pool-local time
     now = np.zeros(n_pools, np.uint64)
-    live = np.zeros(n_pools, np.int64)
+    live = np.zeros(n_pools, np.uint64)
     never = np.uint32(0xFFFFFFFF)
     last = np.full(layers * n_experts, never, np.uint32)  # pool-local time of a key's latest access
     one = np.uint64(1)
@@ -60,8 +60,8 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
         for layer in range(layers):
             if experts[r, layer, 0] == 0xFFFF:
                 continue
-            p = pool_of_layer[layer]
-            group = group_of_layer[layer]
+            p = np.uint64(pool_of_layer[layer])
+            group = np.uint64(group_of_layer[layer])
             wb = word_base[p]
             tb = tree_base[p]
             nw = n_words[p]
@@ -71,7 +71,7 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
                 lt = last[key]
                 if lt == never:
                     cold[group, ph] += 1
-                    live[p] += 1
+                    live[p] += one
                 else:
                     w = np.uint64(lt >> 6)
                     bit = one << np.uint64(lt & 63)
@@ -80,7 +80,7 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
                     while i > 0:  # Fenwick prefix: marks in words [0, w)
                         below += np.uint64(tree[tb + i])
                         i &= i - one
-                    hist[group, ph, live[p] - np.int64(below)] += 1
+                    hist[group, ph, live[p] - below] += 1
                     bits[wb + w] &= ~bit
                     i = w + one
                     while i <= nw:  # Fenwick update: one mark fewer in word w
