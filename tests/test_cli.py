@@ -101,3 +101,19 @@ def test_not_a_trace_file_is_an_error(tmp_path):
 def test_console_script_and_module_entry_points_agree():
     via_module = expertsim("--help").stdout
     assert "trace" in via_module and "cache" in via_module and "bench" in via_module
+
+
+def test_run_json_has_the_headline_keys(tmp_path):
+    data = json.loads(expertsim("run", Path(__file__).resolve().parents[1] / "scenarios" / "ds4-504-per-class.toml",
+                                "--json", "-o", tmp_path / "out").stdout)
+    for key in ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads",
+                "prefill_tok_s", "decode_tok_s", "decode_hit_rate", "ttft_s"):
+        assert key in data
+    assert (tmp_path / "out" / "copy_plan.parquet").is_file()
+
+
+def test_run_bad_scenario_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('hardware = "rtx-4090"\nmodel = "no-such-model"\n')
+    proc = expertsim("run", bad, check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and str(bad) in proc.stderr

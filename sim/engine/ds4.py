@@ -24,7 +24,7 @@ import simpy
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
 from sim.cache.replay import LRUCache
 from sim.engine import ds4_plan
-from sim.engine.timeline import Link, Recorder
+from sim.engine.timeline import Link, Recorder, serial
 from sim.engine.workload import WorkloadRouting
 from sim.errors import InputError
 
@@ -106,6 +106,7 @@ class Ds4Engine:
             "d2d": Link("D2D", hw.d2d.copy_gbps.value * 1e9, self.memcpy_call_s),
             "compute": Link("GPU compute", 0.0),
             "host": Link("host calls", 0.0),
+            "sync": Link("stream syncs", 0.0, self.sync_s),
         }
         # cache state: one LRU pool per class (pr504) or one pool for the slab (pre-504)
         self.cache = LRUCache(self.n_layers, self.n_experts, np.zeros(self.n_classes if self.per_class else 1, np.int64))
@@ -184,21 +185,20 @@ class Ds4Engine:
 
     def _load_parts(self, t: float, layer: int, n_experts: int) -> float:
         """n experts' 3 parts, each read -> H2D -> stream sync, strictly one after another (QD1)."""
-        for part_bytes in self.part_bytes[layer]:
-            for _ in range(n_experts):
-                if self.page_cache:
-                    t = self.links["memcpy"].book(t, part_bytes)
-                else:
-                    t = self.links["file"].book(t, part_bytes)
-                t = self.links["h2d"].book(t, part_bytes)
-                t = self.links["host"].hold(t, self.sync_s)
+        if not n_experts:
+            return t
+        n_bytes = n_experts * int(self.expert_bytes[layer])
+        n_ops = PARTS_PER_EXPERT * n_experts
+        source = self.links["memcpy"] if self.page_cache else self.links["file"]
         self.file_reads += n_experts
-        return t
+        return serial(t, [(source, n_bytes, n_ops), (self.links["h2d"], n_bytes, n_ops),
+                          (self.links["sync"], 0, n_ops)])
 
     def _d2d(self, t: float, layer: int, n_experts: int) -> float:
-        for part_bytes in self.part_bytes[layer]:
-            t = self.links["d2d"].book(t, part_bytes * n_experts, n_experts)
-        return t
+        """n experts' 3 parts copied slab -> staging with one synchronous cudaMemcpy each."""
+        if not n_experts:
+            return t
+        return serial(t, [(self.links["d2d"], n_experts * int(self.expert_bytes[layer]), PARTS_PER_EXPERT * n_experts)])
 
     def _fetch(self, t: float, layer: int, experts: np.ndarray, mode: int, step: dict) -> tuple[float, int]:
         """Look the experts up in their class cache and move their bytes; returns (time, step id)."""

@@ -40,6 +40,14 @@ class Link:
         self.ops += n_ops
         return self.free_at
 
+    def charge(self, n_bytes: float, n_ops: int) -> float:
+        """Account work done inside a serial chain (see `serial`); returns its cost in seconds."""
+        cost = self.cost_s(n_bytes, n_ops)
+        self.busy_s += cost
+        self.bytes_moved += int(n_bytes)
+        self.ops += n_ops
+        return cost
+
     def hold(self, ready_s: float, seconds: float) -> float:
         """Occupy the link for a fixed time (compute, a synchronous call)."""
         start = max(ready_s, self.free_at)
@@ -50,6 +58,16 @@ class Link:
     def summary(self, elapsed_s: float) -> dict:
         return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
                 "utilisation": self.busy_s / elapsed_s if elapsed_s > 0 else 0.0}
+
+
+def serial(ready_s: float, work: list[tuple[Link, float, int]]) -> float:
+    """Work items done strictly one after another by one host thread (each waits for the previous):
+    (link, bytes, ops) in bulk; every link ends busy until the chain's end. Returns the end time."""
+    start = max([ready_s] + [link.free_at for link, _, _ in work])
+    end = start + sum(link.charge(n_bytes, n_ops) for link, n_bytes, n_ops in work)
+    for link, _, _ in work:
+        link.free_at = end
+    return end
 
 
 STEP_COLUMNS = (
