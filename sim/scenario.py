@@ -69,32 +69,28 @@ def _check_cache_experts(value: object) -> str:
     return text
 
 
-def _check_expert_cache(value: object) -> str | int:
+def _count_or_keyword(value: object, expected: str, is_keyword) -> str | int:
+    """A positive whole number (int or digits) or one of an engine's keywords, else a ValueError."""
     if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f'must be "auto" or a number of experts, not {_kind(value)}')
+        raise ValueError(f"must be {expected}, not {_kind(value)}")
     if isinstance(value, str) and _digits(value):
         value = int(value)
     if isinstance(value, int):
         if value < 1:
             raise ValueError("must be >= 1")
         return value
-    if value != "auto":
-        raise ValueError('must be "auto" or a number of experts')
-    return value
+    if is_keyword(value):
+        return value
+    raise ValueError(f"must be {expected}")
+
+
+def _check_expert_cache(value: object) -> str | int:
+    return _count_or_keyword(value, '"auto" or a number of experts', lambda v: v == "auto")
 
 
 def _check_prefill(value: object) -> str | int:
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f'must be "auto", "auto:N" or a chunk size in tokens, not {_kind(value)}')
-    if isinstance(value, str) and _digits(value):
-        value = int(value)
-    if isinstance(value, int):
-        if value < 1:
-            raise ValueError("must be >= 1")
-        return value
-    if value == "auto" or (value.startswith("auto:") and _digits(value[5:]) and int(value[5:]) >= 1):
-        return value
-    raise ValueError('must be "auto", "auto:N" or a chunk size in tokens')
+    return _count_or_keyword(value, '"auto", "auto:N" or a chunk size in tokens',
+                             lambda v: v == "auto" or (v.startswith("auto:") and _digits(v[5:]) and int(v[5:]) >= 1))
 
 
 def _env_model(name: str, kind: str, names: tuple[str, ...]) -> type[Strict]:
