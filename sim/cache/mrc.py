@@ -5,9 +5,11 @@ distinct keys touched since the key's previous access, itself included) is at mo
 histograms the distances therefore gives the hits of every capacity at once.
 
 The distance is a count of "latest access" marks after the key's previous access. Marks live in a bitmap
-over pool-local time with a Fenwick tree over its 64-bit words, so a distance costs one popcount plus a
-few tree steps instead of the O(distance) walk down an explicit stack (the naive Mattson scan). Time is
-renumbered whenever it reaches twice the pool's key count, so the bitmap stays small (a layer of 512
+over pool-local time. Every time step sets one mark and every re-access removes one, so the marks before a
+time are that time minus the removals before it: a Fenwick tree over the bitmap's 64-bit words counts
+removals only. A distance then costs one popcount, one tree prefix and one tree update (a tree of all
+marks would need a second update per access) instead of the O(distance) walk down an explicit stack (the
+naive Mattson scan). Time is renumbered whenever it reaches twice the pool's key count, so the bitmap stays small (a layer of 512
 experts: 16 words) and renumbering is amortised O(1).
 """
 
@@ -75,16 +77,18 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
                 else:
                     w = np.uint64(lt >> 6)
                     bit = one << np.uint64(lt & 63)
-                    below = _popcount64(bits[wb + w] & (bit - one))
+                    # marks before lt: every earlier time got one when it happened, minus the removed ones
+                    removed = np.uint64(0)
                     i = w
-                    while i > 0:  # Fenwick prefix: marks in words [0, w)
-                        below += np.uint64(tree[tb + i])
+                    while i > 0:  # Fenwick prefix: removed marks in words [0, w)
+                        removed += np.uint64(tree[tb + i])
                         i &= i - one
+                    below = w * np.uint64(64) - removed + _popcount64(bits[wb + w] & (bit - one))
                     hist[group, ph, live[p] - below] += 1
                     bits[wb + w] &= ~bit
                     i = w + one
-                    while i <= nw:  # Fenwick update: one mark fewer in word w
-                        tree[tb + i] -= 1
+                    while i <= nw:  # Fenwick update: one more removed mark in word w
+                        tree[tb + i] += 1
                         i += i & (~i + one)
                 t = now[p]
                 if t == nw * 64:
@@ -100,21 +104,11 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
                             last[moved] = np.uint32(m)
                             m += one
                         bits[wb + w2] = 0
-                        tree[tb + w2 + one] = 0
+                        tree[tb + w2 + one] = 0  # times 0..m-1 are all live again: nothing removed
                     for t2 in range(m):
                         bits[wb + (t2 >> 6)] |= one << np.uint64(t2 & 63)
-                    for w2 in range(nw):
-                        i = np.uint64(w2) + one
-                        count = np.int32(_popcount64(bits[wb + w2]))
-                        while i <= nw:
-                            tree[tb + i] += count
-                            i += i & (~i + one)
                     t = m
                 bits[wb + (t >> 6)] |= one << np.uint64(t & 63)
-                i = (t >> 6) + one
-                while i <= nw:  # Fenwick update: one mark more in word t >> 6
-                    tree[tb + i] += 1
-                    i += i & (~i + one)
                 key_at[wb * 64 + t] = key
                 last[key] = np.uint32(t)
                 now[p] = t + one
