@@ -253,7 +253,8 @@ def _print_mrc(curve, trace, as_json: bool) -> None:
 # --- run -----------------------------------------------------------------------------------------
 
 HEADLINE = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
-            "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "ttft_s", "simulated_s")
+            "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate", "ttft_s", "simulated_s",
+            "gpu_idle_s")
 
 
 @app.command()

@@ -95,3 +95,15 @@ def test_results_are_written_with_provenance(per_class, tmp_path):
     d2d = copies[copies["step_id"].isin(decode_steps) & (copies["kind"] == "D2D")]["count"].sum()
     decode = steps.loc[decode_steps]
     assert d2d == 3 * (decode["hits"] + decode["inserts"] + decode["evictions"]).sum()
+
+
+def test_belady_bound_is_above_the_simulated_decode_hit_rate(per_class, slab):
+    s = per_class.summary
+    assert s["decode_hit_rate"] <= s["belady_decode_hit_rate"] <= 1.0
+    assert s["belady_gap"] == pytest.approx(s["belady_decode_hit_rate"] - s["decode_hit_rate"])
+    assert slab.summary["belady_decode_hit_rate"] is None  # no fixed slot count to bound
+
+
+def test_gpu_idle_time_is_what_compute_does_not_cover(per_class):
+    compute = next(link for link in per_class.summary["links"] if link["link"] == "GPU compute")
+    assert per_class.summary["gpu_idle_s"] == pytest.approx(per_class.summary["simulated_s"] - compute["busy_s"])

@@ -283,6 +283,25 @@ class Ds4Engine:
                             "first_token_s": first_token if first_token is not None else prefill_end, "end_s": t,
                             "prompt_tokens": len(prompt), "decode_tokens": len(routing.decode)})
 
+    def belady_decode_hit_rate(self, request: int) -> float | None:
+        """Decode hit rate of the OPT bound (Belady MIN) with the same class pools and slot counts, over
+        the request's whole routing (its prompt warms the bound's cache as it warms the engine's); None
+        for the slab, whose capacity changes with every size change."""
+        if not self.per_class:
+            return None
+        from sim.cache.replay import Geometry, replay
+        from sim.trace.format import Trace, TraceHeader
+
+        r = self.routing.requests[request]
+        if not len(r.decode):
+            return None
+        rows = np.concatenate([r.prompt, r.decode])
+        phase = np.r_[np.zeros(len(r.prompt)), np.ones(len(r.decode))]
+        header = TraceHeader(self.scenario.layout.name, self.n_layers, self.n_experts, rows.shape[2], "run", "")
+        trace = Trace(header, np.zeros(len(rows)), np.arange(len(rows)), phase, rows)
+        result = replay(trace, Geometry.of(trace, self.scenario.layout), "opt", "class", np.array(self.cache.capacity))
+        return float(result.per_phase().set_index("phase").loc["decode", "hit_rate"])
+
     def state(self) -> dict:
         caps = [int(c) for c in self.cache.capacity]
         return {"cache_slots": int(sum(caps)), "cache_slots_per_class": caps,

@@ -58,6 +58,7 @@ def run_scenario(scenario) -> RunResult:
     prefill = mine[mine["phase"] == "prefill"]
     profile = scenario.hardware_profile
     state = engine.state()
+    bound = engine.belady_decode_hit_rate(measured) if hasattr(engine, "belady_decode_hit_rate") else None
     summary = {
         "scenario": str(scenario.path) if scenario.path else None,
         "engine": scenario.engine.name,
@@ -74,8 +75,12 @@ def run_scenario(scenario) -> RunResult:
         "decode_tok_s": safe_rate(m["decode_tokens"], m["end_s"] - m["prefill_end_s"]),
         "decode_hit_rate": hit_rate(decode),
         "prefill_hit_rate": hit_rate(prefill),
+        "belady_decode_hit_rate": bound,
+        "belady_gap": None if bound is None else bound - hit_rate(decode),
         "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
         "simulated_s": float(timing["end_s"].max()),
+        # time the GPU compute stream was not busy: waiting on copies, syncs and host work
+        "gpu_idle_s": float(timing["end_s"].max()) - engine.links["compute"].busy_s,
         "links": [link.summary(float(timing["end_s"].max())) for link in engine.links.values()],
         "engine_state": state,
         "provenance": {
