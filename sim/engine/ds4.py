@@ -116,7 +116,6 @@ class Ds4Engine:
         self.notices: list[str] = []
         # notice de-duplication: one state per class after #504, one global state before it
         self.dedup = [ds4_plan.NoticeDedup() for _ in range(self.n_classes if self.per_class else 1)]
-        self.file_reads = 0
 
     # --- VRAM ------------------------------------------------------------------------------------
 
@@ -190,7 +189,6 @@ class Ds4Engine:
         n_bytes = n_experts * int(self.expert_bytes[layer])
         n_ops = PARTS_PER_EXPERT * n_experts
         source = self.links["memcpy"] if self.page_cache else self.links["file"]
-        self.file_reads += n_experts
         return serial(t, [(source, n_bytes, n_ops), (self.links["h2d"], n_bytes, n_ops),
                           (self.links["sync"], 0, n_ops)])
 
@@ -213,7 +211,8 @@ class Ds4Engine:
         step.update(lookups=len(experts), hits=hits, inserts=inserts, evictions=evictions, direct_loads=direct,
                     h2d_bytes=int((loaded + direct) * self.expert_bytes[layer]),
                     d2d_bytes=int((hits + loaded) * self.expert_bytes[layer]),
-                    file_read_bytes=int((loaded + direct) * self.expert_bytes[layer]))
+                    file_read_bytes=int((loaded + direct) * self.expert_bytes[layer]),
+                    file_blob_reads=loaded + direct)
         sid = self.rec.step(**step, end_s=t, vram_used_bytes=self.vram_used())
         for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
             self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
@@ -250,7 +249,8 @@ class Ds4Engine:
                 nbytes = int(len(union) * self.expert_bytes[layer])
                 sid = self.rec.step(request=request, phase="prefill", step=step_no, layer=layer, start_s=start,
                                     end_s=t, tokens=len(rows), lookups=len(union), direct_loads=len(union),
-                                    h2d_bytes=nbytes, file_read_bytes=nbytes, vram_used_bytes=self.vram_used())
+                                    h2d_bytes=nbytes, file_read_bytes=nbytes, file_blob_reads=len(union),
+                                    vram_used_bytes=self.vram_used())
                 for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
                     self.rec.copy(sid, "H2D", len(union), part_bytes, "file", f"staging:{part}")
             t = self.links["compute"].hold(t, len(rows) * self.compute.prefill_us_per_token_layer.value * 1e-6)
