@@ -40,7 +40,8 @@ def state(name: str) -> dict:
 
 def check(what: str, ours: float, target: float, tolerance: float) -> None:
     error = (ours - target) / target
-    assert abs(error) <= tolerance, f"{what}: ours {ours:,.1f} vs target {target:,.1f} ({error:+.2%}, band ±{tolerance:.0%})"
+    assert abs(error) <= tolerance, \
+        f"{what}: ours {ours:,.1f} vs target {target:,.1f} ({error:+.2%}, band ±{tolerance:.0%})"
 
 
 # ------------------------------------------------------------------------------------------ #658 targets
@@ -115,14 +116,16 @@ def test_borrow_refill_copies_back_every_lent_slot():
     assert refill["inserts"] == st["lent_slots"] == st["plan_lend"]["lent_slots"]
     # the loan is the cache tail: refill bytes = the lent slots' blobs (sized slots: blob = slot bytes here)
     assert refill["h2d_bytes"] == pytest.approx(st["plan_lend"]["lend_mib"] * MiB)
-    assert refill["file_blob_reads"] == st["file_blob_reads_per_refill"] == summary("strata-658-borrow")["file_blob_reads"]
+    assert refill["file_blob_reads"] == st["file_blob_reads_per_refill"]
+    assert refill["file_blob_reads"] == summary("strata-658-borrow")["file_blob_reads"]
     assert refill["file_blob_reads"] == st["lent_slots"] - st["ram_plan"]["covered_lent_slots"]
 
 
 def test_full_chunks_stream_every_non_resident_expert():
     scenario = load_scenario(ROOT / "scenarios" / "strata-658-own.toml")
     layout = scenario.layout
-    for name, lent in (("strata-658-own", 0.0), ("strata-658-borrow", state("strata-658-borrow")["plan_lend"]["lend_mib"] * MiB)):
+    lend_bytes = state("strata-658-borrow")["plan_lend"]["lend_mib"] * MiB
+    for name, lent in (("strata-658-own", 0.0), ("strata-658-borrow", lend_bytes)):
         s = steps(name)
         chunk = s[(s["request"] == 2) & (s["phase"] == "prefill") & (s["step"] == 0) & (s["layer"] >= 0)]
         assert len(chunk) == 48 and (chunk["tokens"] == 8192).all()
