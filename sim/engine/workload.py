@@ -7,6 +7,8 @@ a trace file is cut by its request ids and must hold at least the tokens each re
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,9 +51,15 @@ def workload_routing(scenario) -> WorkloadRouting:
                                         _cut(trace, PHASE_DECODE, rid, request.decode_tokens, where, "decode")))
         hashes.append(trace.sha256())
     else:
-        for i, request in enumerate(requests):
-            trace = generate_trace(scenario.trace.generator, request.prompt_tokens, max(request.decode_tokens, 1),
-                                   scenario.trace.seed + i)
+        def one(i: int) -> Trace:
+            request = requests[i]
+            return generate_trace(scenario.trace.generator, request.prompt_tokens, max(request.decode_tokens, 1),
+                                  scenario.trace.seed + i)
+
+        # the generator's kernel releases the GIL: requests are generated side by side, in a fixed order
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            traces = list(pool.map(one, range(len(requests))))
+        for request, trace in zip(requests, traces):
             parts.append(RequestRouting(trace.experts[trace.phase == PHASE_PREFILL],
                                         trace.experts[trace.phase == PHASE_DECODE][: request.decode_tokens]))
             hashes.append(trace.sha256())

@@ -427,7 +427,7 @@ def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, k
             cum[layer, c, e] = acc
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)  # nogil: independent requests can be generated on several cores
 def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, group_of, members, gstart, n_groups,
             ctx_of, n_ctx, kappa, stick, rho, partner, seg_p, drift, is_hash, vocab_cum, hash_seed):
     n_layers, e_n = w.shape
