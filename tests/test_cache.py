@@ -121,7 +121,6 @@ def test_slab_flushes_on_every_size_change_and_per_class_keeps_both():
 def test_slab_uniform_model_equals_global_lru():
     rng = np.random.default_rng(3)
     trace = make_trace(rng.integers(0, 16, (200, 4, 1)), n_experts=16)
-    g = Geometry.of(trace)
     assert misses(trace, "ds4-slab", 12) == misses(trace, "lru", 12)
 
 

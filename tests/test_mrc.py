@@ -2,7 +2,6 @@
 
 import numpy as np
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from sim.cache.replay import Geometry, lru_mrc, replay
 from tests.test_cache import make_trace, routing

@@ -16,7 +16,6 @@ import numpy as np
 from numba import njit
 
 HIT, INSERT, EVICT, DIRECT = 0, 1, 2, 3
-N_OUTCOMES = 4
 MODE_EVICT, MODE_APPEND = 0, 1
 
 

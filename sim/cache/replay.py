@@ -27,8 +27,6 @@ from sim.trace.format import MISSING, PHASE_NAMES, Trace
 POLICIES = ("lru", "lfu", "opt", "static", "ds4-slab")
 SCOPES = ("layer", "class", "global")
 PREFILL_MODES = {"evict": MODE_EVICT, "append": MODE_APPEND}
-OUTCOME_NAMES = ("hits", "inserts", "evictions", "direct_loads")
-MAX_SIZE_CLASSES = 4  # ds4 keeps at most 4 class caches (DS4_CUDA_STREAM_EXPERT_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,6 @@ class LRUCache:
         return s["node"], s["capacity"], s["count"], s["key_of_slot"]
 
     def flush(self, pool: int) -> None:
-        s = self.state
         kernels.lru_flush_pool(pool, *self._arrays())
 
     def resident(self) -> np.ndarray:

@@ -1,17 +1,17 @@
 """Shared machinery of the engine models: FIFO links as busy-until timelines, and the step recorder.
 
 A link (SSD, host memcpy, PCIe H2D/D2H, D2D copy engine, GPU compute stream) serves its work in order:
-`start = max(ready, free_at)`, `free_at = start + cost`. An engine process books a layer step's copies on
-the links analytically and then waits once (`yield env.timeout(...)`) for the step's end, so SimPy sees
-one event per layer step or chunk rather than one per expert copy, while overlap between links (a copy
-stream beside compute) still comes out right.
+`start = max(ready, free_at)`, `free_at = start + cost`. An engine process books a layer step's work on
+the links analytically (`hold` for a fixed time, `serial` for a host thread's chain of copies in bulk) and
+then waits once (`yield env.timeout(...)`) for the step's end, so SimPy sees one event per layer step or
+chunk rather than one per expert copy, while overlap between links (a copy stream beside compute) still
+comes out right.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 
@@ -29,16 +29,6 @@ class Link:
 
     def cost_s(self, n_bytes: float, n_ops: int = 1) -> float:
         return n_ops * self.op_latency_s + (n_bytes / self.bytes_per_s if self.bytes_per_s else 0.0)
-
-    def book(self, ready_s: float, n_bytes: float, n_ops: int = 1) -> float:
-        """Serve n_ops operations moving n_bytes once the link is free and the input is ready; return the end."""
-        start = max(ready_s, self.free_at)
-        cost = self.cost_s(n_bytes, n_ops)
-        self.free_at = start + cost
-        self.busy_s += cost
-        self.bytes_moved += int(n_bytes)
-        self.ops += n_ops
-        return self.free_at
 
     def charge(self, n_bytes: float, n_ops: int) -> float:
         """Account work done inside a serial chain (see `serial`); returns its cost in seconds."""
@@ -109,9 +99,3 @@ def safe_rate(numerator: float, seconds: float) -> float:
 def hit_rate(frame: pd.DataFrame) -> float:
     lookups = frame["lookups"].sum()
     return float(frame["hits"].sum() / lookups) if lookups else float("nan")
-
-
-def expert_counts(outcome: np.ndarray) -> tuple[int, int, int, int]:
-    """(hits, inserts, evictions, direct loads) of an outcome array from the cache kernels."""
-    counts = np.bincount(outcome.astype(np.int64), minlength=4)
-    return int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3])

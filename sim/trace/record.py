@@ -371,7 +371,7 @@ def record_trace(model_path: str | Path, *, prompt: str | None = None, prompt_to
         next_token = int(torch.argmax(out.logits[0, -1].float()).item())
         return layers, next_cache, next_token
 
-    rows_experts, rows_weights, rows_request, rows_position, rows_phase = [], [], [], [], []
+    rows_experts, rows_request, rows_position, rows_phase = [], [], [], []
     try:
         with torch.no_grad():
             for request in range(requests):

@@ -1,0 +1,534 @@
+"""The expert-copy hot loop on a GPU: a batched gather-copy kernel and the engines' own way, side by side.
+
+A *descriptor* is one copy: (source offset, destination offset, length), in 8-byte words, between two
+memories. Three paths exist:
+
+    d2d  device -> device   a cache hit: slab slot -> compact staging buffer
+    h2d  host   -> device   a miss: pinned host memory -> slab slot (copy engine) or mapped host memory read
+                            by the kernel (zero-copy)
+    d2h  device -> host     an eviction to RAM (Strata-style)
+
+Two ways to do a step's copies:
+
+- the engines' way (`run_ce`): one cudaMemcpyAsync per descriptor, optionally a stream sync after each (ds4
+  syncs after every expert part);
+- the gather kernel (`run_gather`): per path, the step's descriptor table is written to pinned memory,
+  copied to the device and one kernel launch copies every descriptor; one sync at the end of the step.
+
+Memory is two arenas of 8-byte words: `dev` (cudaMalloc) and `host` (pinned, mapped into the device's
+address space, so the kernel can read and write it and the copy engine can DMA it). Offsets are in words
+so every access is 8 bytes wide; callers round copy lengths up to whole words.
+
+On a GPU the timed paths call the driver directly (cuda.bindings: cuMemcpyAsync, cuStreamSynchronize) and
+launch a kernel compiled for raw pointers, so the Python cost per call stays near a microsecond. Under
+NUMBA_ENABLE_CUDASIM=1 the same kernel body runs in Numba's simulator on arrays, and copies go through the
+array API: slow, but byte-exact, which is what the tests check.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.calibrate import cudaenv
+from sim.errors import InputError
+
+WORD = 8  # bytes per copied element
+PATHS = ("d2d", "h2d", "d2h")
+# (source memory, destination memory) of each path
+MEMORIES = {"d2d": ("dev", "dev"), "h2d": ("host", "dev"), "d2h": ("dev", "host")}
+POISON = np.uint64(0xA5A5_5A5A_DEAD_BEEF)
+MAX_DESCRIPTORS_PER_LAUNCH = 65_535  # gridDim.y
+
+
+# --------------------------------------------------------------------------------------------- kernels
+# One block row (blockIdx.y) per descriptor; the blocks of a row stride over its words. Each thread loads
+# UNROLL words (blockDim apart, so a warp's accesses are contiguous) before storing any, to keep several
+# loads in flight. The same Python body compiles for arrays (simulator, fallback) and raw pointers (timed).
+
+
+def _gather4(src, dst, desc):
+    d = cuda_mod.blockIdx.y
+    s0 = desc[3 * d]
+    d0 = desc[3 * d + 1]
+    n = desc[3 * d + 2]
+    t = cuda_mod.blockDim.x
+    i = cuda_mod.blockIdx.x * (t * 4) + cuda_mod.threadIdx.x
+    stride = cuda_mod.gridDim.x * (t * 4)
+    while i + 3 * t < n:
+        a0 = src[s0 + i]
+        a1 = src[s0 + i + t]
+        a2 = src[s0 + i + 2 * t]
+        a3 = src[s0 + i + 3 * t]
+        dst[d0 + i] = a0
+        dst[d0 + i + t] = a1
+        dst[d0 + i + 2 * t] = a2
+        dst[d0 + i + 3 * t] = a3
+        i += stride
+    while i < n:  # the last, partial chunk (owned by this block: at most 3 more words of it)
+        dst[d0 + i] = src[s0 + i]
+        i += t
+
+
+def _gather8(src, dst, desc):
+    d = cuda_mod.blockIdx.y
+    s0 = desc[3 * d]
+    d0 = desc[3 * d + 1]
+    n = desc[3 * d + 2]
+    t = cuda_mod.blockDim.x
+    i = cuda_mod.blockIdx.x * (t * 8) + cuda_mod.threadIdx.x
+    stride = cuda_mod.gridDim.x * (t * 8)
+    while i + 7 * t < n:
+        a0 = src[s0 + i]
+        a1 = src[s0 + i + t]
+        a2 = src[s0 + i + 2 * t]
+        a3 = src[s0 + i + 3 * t]
+        a4 = src[s0 + i + 4 * t]
+        a5 = src[s0 + i + 5 * t]
+        a6 = src[s0 + i + 6 * t]
+        a7 = src[s0 + i + 7 * t]
+        dst[d0 + i] = a0
+        dst[d0 + i + t] = a1
+        dst[d0 + i + 2 * t] = a2
+        dst[d0 + i + 3 * t] = a3
+        dst[d0 + i + 4 * t] = a4
+        dst[d0 + i + 5 * t] = a5
+        dst[d0 + i + 6 * t] = a6
+        dst[d0 + i + 7 * t] = a7
+        i += stride
+    while i < n:
+        dst[d0 + i] = src[s0 + i]
+        i += t
+
+
+_BODIES = {4: _gather4, 8: _gather8}
+cuda_mod = None  # numba.cuda, bound by _compile before the bodies are compiled
+_compiled: dict = {}
+
+
+def _compile(unroll: int, pointers: bool):
+    """The gather kernel for `unroll`, with array or raw-pointer arguments (compiled once)."""
+    global cuda_mod
+    key = (unroll, pointers)
+    if key in _compiled:
+        return _compiled[key]
+    cuda = cudaenv.load()
+    cuda_mod = cuda
+    if unroll not in _BODIES:
+        raise InputError("calibrate", "unroll", unroll, f"must be one of {sorted(_BODIES)}")
+    if cudaenv.simulating():
+        kernel = cuda.jit(_BODIES[unroll])
+    else:
+        from numba import types
+
+        if pointers:
+            sig = types.void(types.CPointer(types.uint64), types.CPointer(types.uint64), types.CPointer(types.int64))
+        else:
+            sig = types.void(types.uint64[::1], types.uint64[::1], types.int64[::1])
+        kernel = cuda.jit(sig)(_BODIES[unroll])
+    _compiled[key] = kernel
+    return kernel
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Launch shape of the gather kernel: threads per block, words per thread per iteration, and how many
+    blocks (per multiprocessor) a launch aims for in all."""
+
+    threads: int = 256
+    unroll: int = 4
+    blocks_per_sm: int = 8
+
+    def grid_x(self, n_desc: int, max_words: int, sms: int) -> int:
+        per_block = self.threads * self.unroll
+        needed = max(1, -(-int(max_words) // per_block))
+        target = max(1, -(-(sms * self.blocks_per_sm) // max(1, n_desc)))
+        return int(min(needed, target))
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "unroll": self.unroll, "blocks_per_sm": self.blocks_per_sm}
+
+
+SIM_VARIANT = Variant(threads=8, unroll=4, blocks_per_sm=2)
+
+
+# --------------------------------------------------------------------------------------------- backend
+
+
+@dataclass
+class CeStep:
+    """A step's copies the engines' way: driver arguments (GPU) or array slices (simulator)."""
+
+    ops: list
+    n: int
+    nbytes: int
+
+
+@dataclass
+class GatherStep:
+    """A step's copies as gather launches: per launch the path, the descriptor table and the grid."""
+
+    launches: list
+    n: int
+    nbytes: int
+
+
+@dataclass
+class Timing:
+    wall_us: float  # host time from the first call to the return of the last sync
+    enqueue_us: float  # host time spent issuing the calls (before the final sync)
+
+
+@dataclass
+class Backend:
+    """Two arenas (device and mapped host memory, in 8-byte words), one stream, the compiled kernels."""
+
+    dev_words: int
+    host_words: int
+    variants: dict = field(default_factory=dict)  # path -> Variant (missing paths: Variant())
+    desc_capacity: int = 3 * 8 * MAX_DESCRIPTORS_PER_LAUNCH
+    launch_mode: str = "pointer"  # "pointer" (raw driver launch) or "dispatch" (numba's array launch)
+    notes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.cuda = cudaenv.require_gpu()
+        self.sim = cudaenv.simulating()
+        default = SIM_VARIANT if self.sim else Variant()
+        self.variants = {p: self.variants.get(p, default) for p in PATHS}
+        if self.sim:
+            self.launch_mode = "dispatch"
+        self.sms = 1 if self.sim else int(self.cuda.get_current_device().MULTIPROCESSOR_COUNT)
+        self.stream = self.cuda.stream()
+        self.dev = self.cuda.device_array(int(self.dev_words), np.uint64)
+        if self.sim:
+            self.host = np.zeros(int(self.host_words), np.uint64)
+            self.ddesc = None
+            self.stage = None
+        else:
+            self.host = self.cuda.mapped_array(int(self.host_words), np.uint64)
+            self.ddesc = self.cuda.device_array(int(self.desc_capacity), np.int64)
+            self.stage = self.cuda.mapped_array(int(self.desc_capacity), np.int64)
+            from cuda.bindings import driver as binding
+
+            self.binding = binding
+            self.ok = binding.CUresult.CUDA_SUCCESS
+            self.hstream = self.stream.handle
+            self.dev_ptr = int(self.dev.device_ctypes_pointer.value)
+            self.host_ptr = int(self.host.ctypes.data)  # == its device address under unified addressing
+            self.host_dptr = int(self.host.device_ctypes_pointer.value)
+            self.ddesc_ptr = int(self.ddesc.device_ctypes_pointer.value)
+            self.stage_ptr = int(self.stage.ctypes.data)
+        self.kernels: dict = {}
+        self.pkernels: dict = {}
+        for variant in self.variants.values():
+            self._kernels_for(variant)
+
+    def _kernels_for(self, variant: Variant) -> None:
+        u = variant.unroll
+        if u not in self.kernels:
+            self.kernels[u] = _compile(u, pointers=False)
+        if self.launch_mode == "pointer" and u not in self.pkernels:
+            self.pkernels[u] = self._pointer_kernel(_compile(u, pointers=True))
+
+    def set_variant(self, path: str, variant: Variant) -> None:
+        self._kernels_for(variant)
+        self.variants[path] = variant
+
+    def use_dispatch(self, why: str) -> None:
+        """Fall back to numba's own launch with array arguments (slower on the host, same kernel body)."""
+        self.launch_mode = "dispatch"
+        self.notes.append(f"gather launches use numba's dispatcher: {why}")
+
+    # ---- plumbing ----
+
+    def _check(self, result, what: str):
+        err = result[0] if isinstance(result, tuple) else result
+        if err != self.ok:
+            raise RuntimeError(f"{what} failed: {err}")
+        return result
+
+    @staticmethod
+    def _pointer_kernel(dispatcher):
+        overloads = list(dispatcher.overloads.values())
+        if len(overloads) != 1:
+            raise RuntimeError(f"expected one compiled overload, found {len(overloads)}")
+        return overloads[0]
+
+    def sync(self) -> None:
+        if self.sim:
+            return
+        self._check(self.binding.cuStreamSynchronize(self.hstream), "cuStreamSynchronize")
+
+    def mem(self, name: str):
+        return self.dev if name == "dev" else self.host
+
+    def words(self, name: str) -> int:
+        return int(self.dev_words if name == "dev" else self.host_words)
+
+    def read(self, name: str, off: int = 0, n: int | None = None) -> np.ndarray:
+        """Words [off, off+n) of an arena, copied to a new host array (after the stream's work is done)."""
+        self.sync()
+        n = self.words(name) - off if n is None else n
+        if name == "host":
+            return np.array(self.host[off: off + n], copy=True)
+        return self.dev[off: off + n].copy_to_host()
+
+    def write(self, name: str, off: int, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data, dtype=np.uint64)
+        self.sync()
+        if name == "host":
+            self.host[off: off + len(data)] = data
+        else:
+            self.dev[off: off + len(data)].copy_to_device(data)
+        self.sync()
+
+    def fill(self, name: str, pattern: np.ndarray) -> None:
+        """Fill an arena by repeating `pattern` (tiled through host memory in chunks)."""
+        total = self.words(name)
+        pattern = np.ascontiguousarray(pattern, dtype=np.uint64)
+        chunk_words = max(len(pattern), min(total, 1 << 24))
+        reps = -(-chunk_words // len(pattern))
+        chunk = np.tile(pattern, reps)[:chunk_words]
+        for off in range(0, total, chunk_words):
+            n = min(chunk_words, total - off)
+            self.write(name, off, chunk[:n])
+
+    def poison(self, name: str, off: int, n: int) -> None:
+        self.write(name, off, np.full(int(n), POISON, np.uint64))
+
+    # ---- the engines' way ----
+
+    def ce_step(self, path, src, dst, nwords) -> CeStep:
+        """Descriptors of one path (word offsets and lengths, array-likes) as cudaMemcpyAsync calls."""
+        src, dst, nwords = (np.asarray(x, np.int64).ravel() for x in (src, dst, nwords))
+        s_mem, d_mem = MEMORIES[path]
+        if self.sim:
+            ops = [(path, int(s), int(d), int(n)) for s, d, n in zip(src, dst, nwords)]
+        else:
+            sbase = self.dev_ptr if s_mem == "dev" else self.host_ptr
+            dbase = self.dev_ptr if d_mem == "dev" else self.host_ptr
+            ops = [(int(dbase + WORD * d), int(sbase + WORD * s), int(WORD * n)) for s, d, n in zip(src, dst, nwords)]
+        return CeStep(ops, len(ops), int(nwords.sum()) * WORD)
+
+    @staticmethod
+    def join_ce(steps: list[CeStep]) -> CeStep:
+        ops = [op for s in steps for op in s.ops]
+        return CeStep(ops, len(ops), sum(s.nbytes for s in steps))
+
+    def run_ce(self, step: CeStep, sync_each: bool) -> Timing:
+        if self.sim:
+            t0 = time.perf_counter_ns()
+            for path, s, d, n in step.ops:
+                self._sim_copy(path, s, d, n)
+            t1 = time.perf_counter_ns()
+            return Timing((t1 - t0) / 1e3, (t1 - t0) / 1e3)
+        memcpy, sync, h, ok = self.binding.cuMemcpyAsync, self.binding.cuStreamSynchronize, self.hstream, self.ok
+        t0 = time.perf_counter_ns()
+        if sync_each:
+            for dst, src, nb in step.ops:
+                if memcpy(dst, src, nb, h)[0] != ok or sync(h)[0] != ok:
+                    self._raise_last("cuMemcpyAsync/cuStreamSynchronize")
+            t1 = t2 = time.perf_counter_ns()
+        else:
+            for dst, src, nb in step.ops:
+                if memcpy(dst, src, nb, h)[0] != ok:
+                    self._raise_last("cuMemcpyAsync")
+            t1 = time.perf_counter_ns()
+            if sync(h)[0] != ok:
+                self._raise_last("cuStreamSynchronize")
+            t2 = time.perf_counter_ns()
+        return Timing((t2 - t0) / 1e3, (t1 - t0) / 1e3)
+
+    def enqueue_ce(self, step: CeStep) -> None:
+        """Issue the copies without any sync (for event timing)."""
+        if self.sim:
+            for path, s, d, n in step.ops:
+                self._sim_copy(path, s, d, n)
+            return
+        for dst, src, nb in step.ops:
+            self._check(self.binding.cuMemcpyAsync(dst, src, nb, self.hstream), "cuMemcpyAsync")
+
+    def _raise_last(self, what: str):
+        err = self.binding.cuStreamSynchronize(self.hstream)[0]
+        raise RuntimeError(f"{what} failed ({err})")
+
+    def _sim_copy(self, path: str, s: int, d: int, n: int) -> None:
+        if path == "d2d":
+            self.dev[d: d + n].copy_to_device(self.dev[s: s + n])
+        elif path == "h2d":
+            self.dev[d: d + n].copy_to_device(self.host[s: s + n])
+        else:
+            self.dev[s: s + n].copy_to_host(self.host[d: d + n])
+
+    # ---- the gather kernel ----
+
+    def gather_step(self, launches: list[tuple[str, np.ndarray]]) -> GatherStep:
+        """Launches of one step: (path, descriptors as an (n, 3) int64 array of src, dst, words)."""
+        prepared = []
+        cursor = 0
+        n_all = nbytes = 0
+        for path, desc in launches:
+            desc = np.ascontiguousarray(desc, dtype=np.int64).reshape(-1, 3)
+            for first in range(0, len(desc), MAX_DESCRIPTORS_PER_LAUNCH):
+                part = desc[first: first + MAX_DESCRIPTORS_PER_LAUNCH]
+                if not len(part):
+                    continue
+                flat = part.ravel()
+                variant = self.variants[path]
+                grid = (variant.grid_x(len(part), int(part[:, 2].max()), self.sms), len(part))
+                if not self.sim and cursor + len(flat) > self.desc_capacity:
+                    raise InputError("replay", "descriptors", cursor + len(flat),
+                                     f"more than {self.desc_capacity // 3} descriptors in one step")
+                prepared.append((path, flat, grid, cursor, variant))
+                cursor += len(flat)
+                n_all += len(part)
+                nbytes += int(part[:, 2].sum()) * WORD
+        return GatherStep(prepared, n_all, nbytes)
+
+    def _launch(self, path: str, flat: np.ndarray, grid: tuple, cursor: int, variant: Variant) -> None:
+        s_mem, d_mem = MEMORIES[path]
+        block = (variant.threads,)
+        if self.sim:
+            src, dst = self.mem(s_mem), self.mem(d_mem)
+            self.kernels[variant.unroll][grid, block](src, dst, flat)
+            return
+        # the table goes through pinned memory to the device, as an engine would upload its slot map
+        self.stage[cursor: cursor + len(flat)] = flat
+        if self.binding.cuMemcpyAsync(self.ddesc_ptr + WORD * cursor, self.stage_ptr + WORD * cursor,
+                                      WORD * len(flat), self.hstream)[0] != self.ok:
+            self._raise_last("cuMemcpyAsync (descriptors)")
+        if self.launch_mode == "pointer":
+            sp = self.dev_ptr if s_mem == "dev" else self.host_dptr
+            dp = self.dev_ptr if d_mem == "dev" else self.host_dptr
+            self.pkernels[variant.unroll].launch([sp, dp, self.ddesc_ptr + WORD * cursor], grid, block, self.stream)
+        else:
+            src, dst = self.mem(s_mem), self.mem(d_mem)
+            self.kernels[variant.unroll][grid, block, self.stream](src, dst, self.ddesc[cursor: cursor + len(flat)])
+
+    def run_gather(self, step: GatherStep) -> Timing:
+        t0 = time.perf_counter_ns()
+        for launch in step.launches:
+            self._launch(*launch)
+        t1 = time.perf_counter_ns()
+        self.sync()
+        t2 = time.perf_counter_ns()
+        return Timing((t2 - t0) / 1e3, (t1 - t0) / 1e3)
+
+    def enqueue_gather(self, step: GatherStep) -> None:
+        for launch in step.launches:
+            self._launch(*launch)
+
+    # ---- event timing (GPU time of enqueued work) ----
+
+    def gpu_ms(self, enqueue, reps: int) -> list[float]:
+        """GPU time of `enqueue()` (work issued without sync), `reps` times, in milliseconds."""
+        if self.sim:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                enqueue()
+            return [(time.perf_counter() - t0) * 1e3 / reps] * reps
+        out = []
+        for _ in range(reps):
+            e0, e1 = self.cuda.event(timing=True), self.cuda.event(timing=True)
+            e0.record(self.stream)
+            enqueue()
+            e1.record(self.stream)
+            e1.synchronize()
+            out.append(float(e0.elapsed_time(e1)))
+        return out
+
+
+# ------------------------------------------------------------------------------------------- self-test
+
+
+def validate_descriptors(where: str, path: str, desc: np.ndarray, src_words: int, dst_words: int) -> None:
+    """Every descriptor inside its arenas, lengths positive: else one InputError naming the first bad one."""
+    desc = np.asarray(desc, np.int64).reshape(-1, 3)
+    if path not in MEMORIES:
+        raise InputError(where, "path", path, f"must be one of {', '.join(PATHS)}")
+    bad = np.flatnonzero((desc[:, 2] <= 0) | (desc[:, 0] < 0) | (desc[:, 1] < 0)
+                         | (desc[:, 0] + desc[:, 2] > src_words) | (desc[:, 1] + desc[:, 2] > dst_words))
+    if len(bad):
+        i = int(bad[0])
+        s, d, n = (int(x) for x in desc[i])
+        raise InputError(where, f"descriptor {i} ({path})", f"src {s * WORD} dst {d * WORD} bytes {n * WORD}",
+                         f"out of range: source arena {src_words * WORD} bytes, destination arena "
+                         f"{dst_words * WORD} bytes, length must be > 0")
+
+
+def reference_apply(arenas: dict, plan: list[tuple[str, np.ndarray]]) -> None:
+    """The plan's copies done in order on host copies of the arenas (the expected result)."""
+    for path, desc in plan:
+        s_mem, d_mem = MEMORIES[path]
+        for s, d, n in np.asarray(desc, np.int64).reshape(-1, 3):
+            arenas[d_mem][d: d + n] = arenas[s_mem][s: s + n]
+
+
+def random_plan(rng: np.random.Generator, dev_words: int, host_words: int, n_desc: int, max_words: int,
+                paths=PATHS) -> list[tuple[str, np.ndarray]]:
+    """A hazard-free step: descriptors of every path, lengths 1..max_words words (odd ones included),
+    destinations pairwise disjoint and disjoint from every source, so any order of execution gives the
+    same bytes. Each arena is cut into segments; half of them serve as sources, half as destinations."""
+    pools = {}
+    for name, total in (("dev", dev_words), ("host", host_words)):
+        cuts = np.sort(rng.choice(np.arange(1, total), size=min(total - 1, 4 * n_desc), replace=False))
+        bounds = np.concatenate([[0], cuts, [total]])
+        segs = [(int(a), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+        order = rng.permutation(len(segs))
+        half = len(segs) // 2
+        pools[name] = {"src": [segs[i] for i in order[:half]], "dst": [segs[i] for i in order[half:]]}
+    per_path: dict = {p: [] for p in paths}
+    for k in range(n_desc):
+        path = paths[k % len(paths)]
+        s_mem, d_mem = MEMORIES[path]
+        if not pools[d_mem]["dst"] or not pools[s_mem]["src"]:
+            break
+        d_off, d_len = pools[d_mem]["dst"].pop()
+        s_off, s_len = pools[s_mem]["src"][int(rng.integers(len(pools[s_mem]["src"])))]
+        room = min(d_len, s_len, max_words)
+        n = int(rng.integers(1, room + 1))
+        s_at = s_off + int(rng.integers(0, s_len - n + 1))
+        d_at = d_off + int(rng.integers(0, d_len - n + 1))
+        per_path[path].append((s_at, d_at, n))
+    return [(p, np.array(v, np.int64).reshape(-1, 3)) for p, v in per_path.items() if v]
+
+
+def self_test(backend: Backend, rng: np.random.Generator, steps: int = 4, n_desc: int = 24,
+              max_words: int = 4096) -> dict:
+    """Random plans through the gather kernel and through per-descriptor copies. Before each run the
+    arenas get fresh random data and the destinations are poisoned; afterwards every word of both arenas
+    is compared with the reference. Returns counts; raises AssertionError on the first difference."""
+    checked = {"steps": 0, "descriptors": 0, "bytes_compared": 0, "ways": ["gather", "ce_sync", "ce_batch"]}
+    for step in range(steps):
+        plan = random_plan(rng, backend.dev_words, backend.host_words, n_desc, max_words)
+        for path, desc in plan:
+            s_mem, d_mem = MEMORIES[path]
+            validate_descriptors("self-test", path, desc, backend.words(s_mem), backend.words(d_mem))
+        for way in checked["ways"]:
+            arenas = {name: rng.integers(0, 2**63, backend.words(name), dtype=np.uint64) for name in ("dev", "host")}
+            for path, desc in plan:  # poison every destination, in the reference too
+                d_mem = MEMORIES[path][1]
+                for _, d, n in desc:
+                    arenas[d_mem][d: d + n] = POISON
+            for name, data in arenas.items():
+                backend.write(name, 0, data)
+            expected = {k: v.copy() for k, v in arenas.items()}
+            reference_apply(expected, plan)
+            if way == "gather":
+                backend.run_gather(backend.gather_step(plan))
+            else:
+                ce = Backend.join_ce([backend.ce_step(p, d[:, 0], d[:, 1], d[:, 2]) for p, d in plan])
+                backend.run_ce(ce, sync_each=(way == "ce_sync"))
+            for name in ("dev", "host"):
+                got = backend.read(name)
+                if not np.array_equal(got, expected[name]):
+                    wrong = np.flatnonzero(got != expected[name])
+                    poisoned = int(np.count_nonzero(got[wrong] == POISON))
+                    raise AssertionError(f"self-test step {step}, {way}: {len(wrong)} wrong words in the {name} "
+                                         f"arena (first at word {int(wrong[0])}, {poisoned} still poisoned)")
+                checked["bytes_compared"] += got.nbytes
+        checked["steps"] += 1
+        checked["descriptors"] += sum(len(d) for _, d in plan)
+    return checked
