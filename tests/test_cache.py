@@ -1,6 +1,7 @@
 """Cache kernels against known answers, reference implementations and libCacheSim."""
 
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,3 +286,23 @@ def test_bad_cache_arguments_are_one_line_errors():
         parse_slots("3,x", 2, "slots")
     with pytest.raises(InputError, match="expected 1 or 2"):
         parse_slots("1,2,3", 2, "slots")
+
+
+# --- a real trace against figures measured independently (reference/routing-traces.md §1 #1) -------
+
+MIXTRAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "mixtral-routing"
+
+
+@pytest.mark.skipif(not MIXTRAL.is_dir(), reason="../shared/data is not beside the checkout")
+@pytest.mark.parametrize("name, measured_percent", [
+    ("humaneval_2_routing.jsonl", (34, 48, 60, 70, 80)),
+    ("gsm8k_2_routing.jsonl", (29, 43, 57, 69, 79)),
+])
+def test_per_layer_lru_hit_rates_on_real_mixtral_decode(name, measured_percent):
+    from sim.trace.importers import import_trace
+
+    trace = import_trace(MIXTRAL / name, model="mixtral-8x7b")
+    g = Geometry.of(trace)
+    for capacity, measured in zip(range(2, 7), measured_percent):
+        simulated = 100 * replay(trace, g, "lru", "layer", np.full(32, capacity)).summary()["hit_rate"]
+        assert abs(simulated - measured) <= 1.05, (capacity, simulated, measured)  # figures rounded to 1 %

@@ -1,0 +1,380 @@
+"""`expertsim calibrate`: measure every copy path on the current GPU, fit the cost model, check the speed rows.
+
+One run, in this order:
+1. the kernel self-test (random plans, poisoned outputs, every byte compared), both launch styles;
+2. launch-shape tuning of the gather kernel per path (threads x unroll x blocks per multiprocessor), on
+   1 GiB gathers, best median kept;
+3. references with CUDA events: one large device copy, one large pinned H2D and D2H copy, and the gather
+   kernel on the same byte counts (the speed rows);
+4. the sweep: expert sizes x experts per step x path (d2d, h2d, d2h) x way (ce_sync: one cudaMemcpyAsync
+   and a stream sync per expert, as ds4 does; ce_batch: the same calls, one sync; gather: one kernel launch,
+   or three for the same descriptors). Each configuration is repeated with fresh random slots (so sources
+   are not L2-resident), all repeats shuffled; the first repeat of each is checked byte for byte at its
+   first and last copy. Host time per step is what the simulator models (its engines are serial chains);
+5. the fit (sim.calibrate.fit) and the speed rows.
+
+Memory: a device arena (slab of random slots + compact staging) and a mapped pinned host arena, sized from
+the grid (512 experts x 16 MiB: 10 GiB slab, 8 GiB staging, 8.5 GiB pinned host memory).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sim.calibrate import cudaenv, fit
+from sim.calibrate.kernel import PATHS, POISON, WORD, Backend, Variant, self_test
+from sim.errors import InputError
+
+MIB = 1 << 20
+GIB = 1 << 30
+# fmt: off
+DEFAULT_SIZES_MIB = (1, 2, 3, 4, 6, 8, 12, 16)     # expert (part) sizes: ds4 parts are 2.06-4.5 MiB
+DEFAULT_EXPERTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DEFAULT_REPEATS = 5
+SLOT_ALIGN_WORDS = 32                              # slots start on 256-byte boundaries
+SLAB_FACTOR = 1.25                                 # random source slots: the slab is this much larger
+REFERENCE_BYTES = GIB                              # one large copy, and gathers of the same total
+EVENT_REPS = 10
+GATHER_SPLIT = 3                                   # the second launch count of gather samples
+TARGET_GATHER_VS_COPY = 0.85                       # issue #4 speed rows
+TARGET_MAPPED_VS_PINNED = 0.90
+TUNING = (Variant(256, 4, 8), Variant(256, 8, 8), Variant(512, 4, 4), Variant(512, 8, 4),
+          Variant(1024, 8, 2), Variant(256, 8, 32), Variant(128, 8, 16), Variant(512, 8, 16))
+# fmt: on
+
+
+@dataclass
+class Grid:
+    sizes_bytes: tuple = tuple(s * MIB for s in DEFAULT_SIZES_MIB)
+    experts: tuple = DEFAULT_EXPERTS
+    repeats: int = DEFAULT_REPEATS
+    paths: tuple = PATHS
+    ways: tuple = fit.WAYS
+    seed: int = 0
+    tune: bool = True
+    reference_bytes: int = REFERENCE_BYTES
+    event_reps: int = EVENT_REPS
+    self_test_words: int = 1 << 22
+    self_test_max_words: int = 1 << 19
+
+    def __post_init__(self):
+        if not self.sizes_bytes or min(self.sizes_bytes) < WORD:
+            raise InputError("calibrate", "--sizes", list(self.sizes_bytes), "need sizes of at least 8 bytes")
+        if not self.experts or min(self.experts) < 1:
+            raise InputError("calibrate", "--experts", list(self.experts), "need counts of at least 1")
+        if self.repeats < 1:
+            raise InputError("calibrate", "--repeats", self.repeats, "must be >= 1")
+        self.sizes_bytes = tuple(sorted({_round_words(s) * WORD for s in self.sizes_bytes}))
+        self.experts = tuple(sorted(set(int(n) for n in self.experts)))
+
+    @property
+    def max_total_bytes(self) -> int:
+        return max(self.experts) * _slot_words(max(self.sizes_bytes)) * WORD
+
+    def as_dict(self) -> dict:
+        return {"sizes_bytes": list(self.sizes_bytes), "experts": list(self.experts), "repeats": self.repeats,
+                "paths": list(self.paths), "ways": list(self.ways), "seed": self.seed}
+
+
+def _round_words(nbytes: int) -> int:
+    return -(-int(nbytes) // WORD)
+
+
+def _slot_words(nbytes: int) -> int:
+    w = _round_words(nbytes)
+    return -(-w // SLOT_ALIGN_WORDS) * SLOT_ALIGN_WORDS
+
+
+@dataclass
+class Layout:
+    """Word offsets of the regions: device = slab | staging, host = one region of random slots."""
+
+    slab_words: int
+    staging_words: int
+    host_words: int
+
+    @classmethod
+    def for_grid(cls, grid: Grid) -> "Layout":
+        total = max(grid.max_total_bytes, grid.reference_bytes) // WORD
+        slab = int(total * SLAB_FACTOR) + SLOT_ALIGN_WORDS
+        host = int(total * 1.0625) + SLOT_ALIGN_WORDS
+        return cls(slab, total, host)
+
+    @property
+    def dev_words(self) -> int:
+        return self.slab_words + self.staging_words
+
+    @property
+    def staging_at(self) -> int:
+        return self.slab_words
+
+    def need_bytes(self) -> int:
+        return self.dev_words * WORD + 64 * MIB
+
+
+def check_memory(layout: Layout, what: str = "the sweep", hint: str = "pass fewer --experts or smaller --sizes"):
+    free = cudaenv.free_memory_bytes()
+    need = layout.need_bytes()
+    if need > 0.92 * free:
+        raise InputError("calibrate", "GPU memory", f"{free / GIB:.1f} GiB free",
+                         f"{what} needs {need / GIB:.1f} GiB of device memory: {hint}")
+
+
+def random_slots(rng: np.random.Generator, region_words: int, slot_words: int, n: int, base: int = 0) -> np.ndarray:
+    """n distinct random slot starts (word offsets) in a region."""
+    slots = region_words // slot_words
+    if slots < n:
+        raise InputError("calibrate", "slots", f"{n} x {slot_words * WORD} bytes",
+                         f"the region holds only {slots} such slots")
+    return base + rng.choice(slots, size=n, replace=False).astype(np.int64) * slot_words
+
+
+def sample_descriptors(rng, layout: Layout, path: str, size_bytes: int, n: int) -> np.ndarray:
+    """(n, 3) word descriptors: d2d slab -> compact staging, h2d host -> slab, d2h slab -> host."""
+    w = _round_words(size_bytes)
+    sw = _slot_words(size_bytes)
+    if path == "d2d":
+        src = random_slots(rng, layout.slab_words, sw, n)
+        dst = layout.staging_at + np.arange(n, dtype=np.int64) * sw
+    elif path == "h2d":
+        src = random_slots(rng, layout.host_words, sw, n)
+        dst = random_slots(rng, layout.slab_words, sw, n)
+    else:
+        src = random_slots(rng, layout.slab_words, sw, n)
+        dst = random_slots(rng, layout.host_words, sw, n)
+    return np.column_stack([src, dst, np.full(n, w, np.int64)])
+
+
+def _split(desc: np.ndarray, launches: int) -> list[np.ndarray]:
+    return [part for part in np.array_split(desc, launches) if len(part)]
+
+
+def prepare(backend: Backend, path: str, way: str, desc: np.ndarray, launches: int = 1):
+    if way == "gather":
+        return backend.gather_step([(path, part) for part in _split(desc, launches)])
+    return backend.ce_step(path, desc[:, 0], desc[:, 1], desc[:, 2])
+
+
+def execute(backend: Backend, way: str, step):
+    if way == "gather":
+        return backend.run_gather(step)
+    return backend.run_ce(step, sync_each=(way == "ce_sync"))
+
+
+def spot_check(backend: Backend, path: str, desc: np.ndarray, run) -> None:
+    """Poison the first and last destination, run, compare both with their sources word for word."""
+    src_mem, dst_mem = {"d2d": ("dev", "dev"), "h2d": ("host", "dev"), "d2h": ("dev", "host")}[path]
+    rows = [desc[0], desc[-1]] if len(desc) > 1 else [desc[0]]
+    for s, d, n in rows:
+        backend.poison(dst_mem, int(d), int(n))
+    run()
+    for s, d, n in rows:
+        got = backend.read(dst_mem, int(d), int(n))
+        want = backend.read(src_mem, int(s), int(n))
+        if not np.array_equal(got, want):
+            bad = np.flatnonzero(got != want)
+            raise AssertionError(f"{path}: copy of {int(n) * WORD} bytes wrong at {len(bad)} words "
+                                 f"({int(np.count_nonzero(got[bad] == POISON))} still poisoned)")
+
+
+# ----------------------------------------------------------------------------------------------- steps
+
+
+def run_self_test(backend: Backend, seed: int, words: int, max_words: int) -> dict:
+    """The self-test on a small scratch backend of `words` device words; both launch styles on a GPU."""
+    rng = np.random.default_rng(seed)
+    small = Backend(dev_words=words, host_words=words // 2, variants=dict(backend.variants),
+                    launch_mode=backend.launch_mode)
+    results = {}
+    try:
+        results[small.launch_mode] = self_test(small, rng, steps=3, n_desc=48, max_words=max_words)
+    except Exception as exc:  # the raw-pointer launch is the less travelled road: fall back, say so
+        if small.launch_mode != "pointer":
+            raise
+        backend.use_dispatch(f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
+        small.use_dispatch("fallback")
+        results["pointer_error"] = backend.notes[-1]
+    if small.launch_mode == "pointer":
+        small.use_dispatch("cross-check of the array launch")
+    results["dispatch"] = self_test(small, rng, steps=2, n_desc=24, max_words=max_words)
+    return results
+
+
+def tune(backend: Backend, layout: Layout, rng, grid: Grid, log) -> list[dict]:
+    """Median GPU time of 1 GiB gathers (4 MiB descriptors for d2d, 16 MiB for the host paths) per launch
+    shape; each path keeps its fastest."""
+    rows = []
+    for path in grid.paths:
+        size = 4 * MIB if path == "d2d" else 16 * MIB
+        n = max(1, grid.reference_bytes // size)
+        best = None
+        for variant in TUNING if grid.tune else (backend.variants[path],):
+            backend.set_variant(path, variant)
+            step = backend.gather_step([(path, sample_descriptors(rng, layout, path, size, n))])
+            backend.enqueue_gather(step)  # warm-up (and first-launch module load)
+            ms = float(np.median(backend.gpu_ms(lambda: backend.enqueue_gather(step), max(3, grid.event_reps // 2))))
+            gbps = step.nbytes / (ms * 1e-3) / 1e9 if ms > 0 else float("nan")
+            rows.append({"path": path, **variant.as_dict(), "bytes": step.nbytes, "ms": ms, "gbps": gbps})
+            if best is None or ms < best[0]:
+                best = (ms, variant)
+        backend.set_variant(path, best[1])
+        log(f"tune {path}: {best[1].as_dict()} {rows[-1]['bytes'] / (best[0] * 1e6):.1f} GB/s")
+    return rows
+
+
+def references(backend: Backend, layout: Layout, rng, grid: Grid) -> dict:
+    """Event-timed medians: one large copy per path with the copy engine, and the gather kernel over the
+    same number of bytes in expert-sized descriptors (4 MiB for d2d, 16 MiB for the host paths)."""
+    total_w = min(grid.reference_bytes, layout.staging_words * WORD) // WORD
+    big = {"d2d": (0, layout.staging_at), "h2d": (0, 0), "d2h": (0, 0)}
+    out = {}
+    for path in grid.paths:
+        s, d = big[path]
+        ce = backend.ce_step(path, [s], [d], [total_w])
+        backend.enqueue_ce(ce)
+        ce_ms = float(np.median(backend.gpu_ms(lambda: backend.enqueue_ce(ce), grid.event_reps)))
+        size = 4 * MIB if path == "d2d" else 16 * MIB
+        n = max(1, (total_w * WORD) // size)
+        steps = [backend.gather_step([(path, sample_descriptors(rng, layout, path, size, n))]) for _ in range(4)]
+        backend.enqueue_gather(steps[0])
+        it = iter(range(10**9))
+        g_ms = float(np.median(backend.gpu_ms(lambda: backend.enqueue_gather(steps[next(it) % 4]), grid.event_reps)))
+        out[path] = {"copy_bytes": total_w * WORD, "copy_ms": ce_ms, "copy_gbps": total_w * WORD / (ce_ms * 1e6),
+                     "gather_bytes": steps[0].nbytes, "gather_descriptors": n, "gather_ms": g_ms,
+                     "gather_gbps": steps[0].nbytes / (g_ms * 1e6)}
+    return out
+
+
+def idle_sync_us(backend: Backend, reps: int = 2000) -> float:
+    backend.sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        backend.sync()
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return float(np.median(times))
+
+
+def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFrame:
+    configs = []
+    for path in grid.paths:
+        for way in grid.ways:
+            for size in grid.sizes_bytes:
+                for n in grid.experts:
+                    for launches in ((1, GATHER_SPLIT) if way == "gather" and n >= GATHER_SPLIT else (1,)):
+                        configs.append((path, way, size, n, launches))
+    order = [(c, r) for c in configs for r in range(grid.repeats)]
+    rng.shuffle(order)
+    # warm-up: every (path, way) once, so first-call costs stay out of the samples
+    for path in grid.paths:
+        for way in grid.ways:
+            step = prepare(backend, path, way, sample_descriptors(rng, layout, path, grid.sizes_bytes[0], 4))
+            execute(backend, way, step)
+    rows = []
+    t_start = time.perf_counter()
+    for k, ((path, way, size, n, launches), rep) in enumerate(order):
+        desc = sample_descriptors(rng, layout, path, size, n)
+        step = prepare(backend, path, way, desc, launches)
+        if rep == 0:
+            spot_check(backend, path, desc, lambda: execute(backend, way, step))
+        timing = execute(backend, way, step)
+        rows.append((path, way, int(size), int(n), int(launches), int(rep), timing.wall_us, timing.enqueue_us))
+        if k and k % 500 == 0:
+            log(f"sweep {k}/{len(order)} samples, {time.perf_counter() - t_start:.0f} s")
+    return pd.DataFrame.from_records(rows, columns=list(fit.SAMPLE_COLUMNS))
+
+
+def speed_rows(refs: dict) -> list[dict]:
+    rows = []
+    if "d2d" in refs:
+        r = refs["d2d"]
+        ratio = r["gather_gbps"] / r["copy_gbps"]
+        rows.append({"name": f"gather kernel D2D ({r['gather_descriptors']} x {r['gather_bytes'] // r['gather_descriptors'] // MIB} MiB) "
+                             f"vs one {r['copy_bytes'] // MIB} MiB device copy",
+                     "value": ratio, "unit": "ratio", "target": f">= {TARGET_GATHER_VS_COPY}",
+                     "met": bool(ratio >= TARGET_GATHER_VS_COPY),
+                     "detail": f"{r['gather_gbps']:.0f} vs {r['copy_gbps']:.0f} GB/s (bytes copied)"})
+    if "h2d" in refs:
+        r = refs["h2d"]
+        ratio = r["gather_gbps"] / r["copy_gbps"]
+        rows.append({"name": f"H2D from mapped pinned memory (gather kernel, {r['gather_descriptors']} x "
+                             f"{r['gather_bytes'] // r['gather_descriptors'] // MIB} MiB) vs one pinned "
+                             f"{r['copy_bytes'] // MIB} MiB cudaMemcpy",
+                     "value": ratio, "unit": "ratio", "target": f">= {TARGET_MAPPED_VS_PINNED}",
+                     "met": bool(ratio >= TARGET_MAPPED_VS_PINNED),
+                     "detail": f"{r['gather_gbps']:.1f} vs {r['copy_gbps']:.1f} GB/s"})
+    if "d2h" in refs:
+        r = refs["d2h"]
+        rows.append({"name": "D2H to mapped pinned memory (gather kernel) vs one pinned cudaMemcpy",
+                     "value": r["gather_gbps"] / r["copy_gbps"], "unit": "ratio", "target": "", "met": None,
+                     "detail": f"{r['gather_gbps']:.1f} vs {r['copy_gbps']:.1f} GB/s"})
+    return rows
+
+
+def comparison(med: pd.DataFrame, size_bytes: int) -> list[dict]:
+    """The engines' way against the gather kernel, per path and experts per step, at one expert size."""
+    sizes = np.array(sorted(med["size_bytes"].unique()))
+    size = int(sizes[np.argmin(np.abs(sizes - size_bytes))])
+    part = med[(med["size_bytes"] == size) & (med["launches"] == 1)]
+    rows = []
+    for (path, n), g in part.groupby(["path", "n"]):
+        by_way = dict(zip(g["way"], g["wall_us"]))
+        row = {"path": path, "experts": int(n), "size_bytes": size}
+        row.update({f"{w}_us": by_way.get(w) for w in fit.WAYS})
+        if by_way.get("ce_sync") and by_way.get("gather"):
+            row["speedup"] = by_way["ce_sync"] / by_way["gather"]
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class SweepResult:
+    device: dict
+    grid: Grid
+    samples: pd.DataFrame
+    params: dict
+    tuning: list = field(default_factory=list)
+    references: dict = field(default_factory=dict)
+    speed: list = field(default_factory=list)
+    comparison: list = field(default_factory=list)
+    self_test: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def calibrate(grid: Grid, log=lambda msg: None) -> SweepResult:
+    """The whole measurement on the current GPU (or the simulator, where the numbers mean nothing)."""
+    t0 = time.perf_counter()
+    device = cudaenv.device_info()
+    layout = Layout.for_grid(grid)
+    if not device["simulator"]:
+        check_memory(layout)
+    log(f"{device['name']} (cc {device['compute_capability']}): arenas {layout.dev_words * WORD / GIB:.2f} GiB "
+        f"device, {layout.host_words * WORD / GIB:.2f} GiB pinned host")
+    backend = Backend(dev_words=layout.dev_words, host_words=layout.host_words)
+    rng = np.random.default_rng(grid.seed)
+    st = run_self_test(backend, grid.seed + 1, min(grid.self_test_words, layout.dev_words),
+                       grid.self_test_max_words)
+    log(f"self-test passed: {st}")
+    # arena contents: random words with a period that is no multiple of any slot, so slots differ
+    pattern = rng.integers(1, 2**63, size=(1 << 22) + 1, dtype=np.uint64)
+    backend.fill("dev", pattern)
+    backend.fill("host", pattern[::-1].copy())
+    tuning = tune(backend, layout, rng, grid, log) if not device["simulator"] else []
+    refs = references(backend, layout, rng, grid)
+    sync_idle = idle_sync_us(backend, 200 if device["simulator"] else 2000)
+    samples = sweep(backend, layout, rng, grid, log)
+    params = fit.fit(samples)
+    med = fit.medians(samples)
+    result = SweepResult(device=device, grid=grid, samples=samples, params=params, tuning=tuning,
+                         references=refs, speed=speed_rows(refs), comparison=comparison(med, 4 * MIB),
+                         self_test=st, extra={"sync_idle_us": sync_idle, "launch_mode": backend.launch_mode,
+                                              "variants": {p: v.as_dict() for p, v in backend.variants.items()}},
+                         notes=list(backend.notes))
+    result.seconds = time.perf_counter() - t0
+    return result
