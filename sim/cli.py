@@ -314,6 +314,57 @@ def bench(
     out.print(_table("expertsim bench", rows, ["name", "value", "unit", "target", "met"]))
 
 
+@app.command()
+def calibrate(
+    output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          help="calibration file to write (default calibration-GPU.json); "
+                                               "with --replay: the replay report (JSON)"),
+    replay: Optional[Path] = typer.Option(None, "--replay", metavar="RESULTS",
+                                          help="replay the copy plan of `expertsim run -o RESULTS` on this GPU"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                               help="calibration file for --replay (default: the run's profile's)"),
+    from_samples: Optional[Path] = typer.Option(None, "--from-samples",
+                                                help="refit the raw samples of a calibration file (no GPU)"),
+    sizes: Optional[str] = typer.Option(None, help="expert sizes in MiB, e.g. 1,2,4,8,16"),
+    experts: Optional[str] = typer.Option(None, help="experts per step, e.g. 1,2,4,...,512"),
+    repeats: Optional[int] = typer.Option(None, help="repeats per configuration (default 5)"),
+    seed: int = typer.Option(0, help="random seed (slots, data, order)"),
+    max_steps: Optional[int] = typer.Option(None, help="--replay: at most this many steps, evenly spaced"),
+    tune: bool = typer.Option(True, "--tune/--no-tune", help="tune the gather kernel's launch shape first"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Measure copy costs on this GPU (D2D, H2D pinned/mapped, D2H; per-call latency, sync) and fit the model."""
+    from sim.calibrate import api
+
+    log = (lambda msg: click.echo(f"calibrate: {msg}", err=True))
+    if replay is not None:
+        report = api.replay(replay, calibration, max_steps=max_steps, seed=seed, output=output, log=log)
+        if as_json:
+            _print_json({k: v for k, v in report.items() if k != "per_step"})
+            return
+        out.print(_table(f"replay of {replay} on {report['gpu']} (calibration: {report['calibration']['gpu']}, "
+                         f"{report['calibration']['status']}); goal {report['goal']}", report["summary"]))
+        return
+    if from_samples is not None:
+        result = api.refit(from_samples, output)
+    else:
+        result = api.measure(sizes_mib=api.parse_list(sizes, "--sizes"),
+                             experts=api.parse_list(experts, "--experts", int), repeats=repeats, seed=seed,
+                             tune=tune, output=output, log=log)
+    record = result["record"]
+    if as_json:
+        _print_json({"file": result["file"], **{k: v for k, v in record.items() if k != "samples"}})
+        return
+    tables = api.report_rows(record)
+    out.print(_table(f"calibration {result['file'] or '(not written)'}", tables["summary"], ["key", "value"]))
+    out.print(_table("fitted cost model (us, GB/s) and relative fit error", tables["parameters"]))
+    if tables["speed"]:
+        out.print(_table("speed", tables["speed"], ["name", "value", "unit", "target", "met", "detail"]))
+    if tables["engine_vs_gather"]:
+        out.print(_table("the engines' way (ce_sync) vs the gather kernel, per step", tables["engine_vs_gather"]))
+    out.print(_table("hardware-profile fields these numbers stand for", tables["simulator_profile"], ["key", "value"]))
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

@@ -13,7 +13,8 @@ so a command line can be copied in. Values the real engine accepts and then hand
 accepted here too and kept raw (ds4 parses DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB as an integer, so
 "0.5" silently keeps the 16 GiB default, and clamps the reserve to VRAM / 2): the engine model reproduces
 that. Settings no engine run could have are errors: a reserve >= the GPU's VRAM, a chunk of 0, a budget
-larger than the model's routed experts, a trace recorded for another model shape, --mtp with streaming.
+larger than the model's routed experts, a trace recorded for another model shape, --mtp with streaming on
+upstream ds4 (only the neutronstar GLM stack runs the draft layer while streaming).
 
 Every error is one line naming the file and the dotted key path (sim.errors.InputError).
 """
@@ -102,7 +103,10 @@ def _env_model(name: str, kind: str, names: tuple[str, ...]) -> type[Strict]:
 # ---------------------------------------------------------------------------------------------- ds4
 
 # Knobs that exist only in some variants: setting one on another variant is a mistake, not a no-op.
-DS4_VARIANTS = ("pre-504", "pr504", "pr1082")
+DS4_VARIANTS = ("pre-504", "pr504", "pr1082", "neutronstar-glm-slab", "neutronstar-glm")
+# Variants that run the in-file MTP draft layer (--mtp) together with --ssd-streaming; upstream ds4 refuses
+# the pair (ds4.c L25685 @80ebbc3).
+DS4_MTP_STREAMING_VARIANTS = ("neutronstar-glm-slab", "neutronstar-glm")
 DS4_ONLY_IN: dict[str, tuple[str, ...]] = {
     "expert-profile": ("pr1082",),  # CUDA --expert-profile came with #1031 (ds4-engine.md §1.14)
     "DS4_EXPERT_PROFILE": ("pr1082",),
@@ -143,7 +147,9 @@ class Ds4Flags(Strict):
     # Default: the whole prompt if <= 4096 tokens, else 4096 (8192 for PRO).
     prefill_chunk: Annotated[int, Field(ge=1)] | None = Field(None, alias="prefill-chunk")
     ctx: Annotated[int, Field(ge=1)] | None = None
-    mtp: str | None = None  # refused together with --ssd-streaming (ds4.c L25685 @80ebbc3)
+    # The MTP draft model. Upstream refuses it together with --ssd-streaming (ds4.c L25685 @80ebbc3); the
+    # neutronstar GLM stack binds the draft layer (GLM-5.2's blk.78) from the main GGUF: pass its path.
+    mtp: str | None = None
     expert_profile: str | None = Field(None, alias="expert-profile")
 
 
@@ -153,7 +159,16 @@ class Ds4Engine(Strict):
     # pre-504: one slab keyed on the last expert size, release_all before every prefill batch (@80ebbc3).
     # pr504: per-size-class caches, prefill reads the cache and appends without evicting (PR #504).
     # pr1082: pr504 plus hits-first and the pread pool (#1082; DS4_CUDA_HITS_FIRST, ..._PREAD_POOL).
-    variant: Literal["pre-504", "pr504", "pr1082"]
+    # neutronstar-glm: giannisanni/neutronstar @db823235fd15a4287916377e1f108a7319160c40 (2026-07-06), PR
+    #   #504 ported onto the fork's GLM CUDA stack: per-size-class caches (the Q2_K MTP draft layer blk.78
+    #   "can be cached alongside the IQ2_XXS layers"), prefill reads the cache; the MTP draft layer runs
+    #   with --ssd-streaming (--mtp, the main GGUF's path). Its other extras (io_uring fetch, host LFU
+    #   cache, backfill, prefetch) are not modelled: misses use upstream's QD1 streamed copy.
+    # neutronstar-glm-slab: a what-if twin of neutronstar-glm with upstream's pre-504 slab (one cache keyed
+    #   on the last expert size, release_all before prefill batches) under the same MTP draft steps: what
+    #   ds4 #595 reports, "1/76 routed layers off the slab size class". Not the fork's pre-port code, which
+    #   sent blk.78 around the cache ("falling back to model views", db823235's commit message).
+    variant: Literal["pre-504", "pr504", "pr1082", "neutronstar-glm-slab", "neutronstar-glm"]
     flags: Ds4Flags = Field(default_factory=Ds4Flags)
     env: Ds4Env = Field(default_factory=Ds4Env)
 
@@ -356,9 +371,13 @@ def _check_ds4(s: Scenario, profile: HardwareProfile, layout: ModelLayout, where
     if not flags.ssd_streaming:
         raise InputError(where, "engine.flags.ssd-streaming", False,
                          "the simulator models ds4 with --ssd-streaming only (the expert cache exists only then)")
-    if flags.mtp is not None:
+    if flags.mtp is not None and engine.variant not in DS4_MTP_STREAMING_VARIANTS:
         raise InputError(where, "engine.flags.mtp", flags.mtp,
                          "ds4 rejects --mtp together with --ssd-streaming (ds4.c L25685 @80ebbc3)")
+    if flags.mtp is not None and layout.n_mtp_layers == 0:
+        raise InputError(where, "engine.flags.mtp", flags.mtp,
+                         f"model {layout.name} has no MTP layer in its file; variant {engine.variant} runs the "
+                         "draft layer bound from the main GGUF (a separate MTP GGUF is not modelled)")
     total = _routed_experts(layout)
     text = flags.ssd_streaming_cache_experts
     if text is not None:

@@ -107,3 +107,15 @@ def test_belady_bound_is_above_the_simulated_decode_hit_rate(per_class, slab):
 def test_gpu_idle_time_is_what_compute_does_not_cover(per_class):
     compute = next(link for link in per_class.summary["links"] if link["link"] == "GPU compute")
     assert per_class.summary["gpu_idle_s"] == pytest.approx(per_class.summary["simulated_s"] - compute["busy_s"])
+
+
+def test_unmodelled_variant_is_refused_not_approximated(tmp_path):
+    from sim.errors import InputError
+
+    text = (SCENARIOS / "ds4-504-per-class.toml").read_text().replace('variant = "pr504"', 'variant = "pr1082"')
+    path = tmp_path / "scenarios" / "x.toml"
+    path.parent.mkdir()
+    path.write_text(text)
+    (tmp_path / "scenarios" / "hardware").symlink_to(SCENARIOS / "hardware")
+    with pytest.raises(InputError, match="pr1082"):
+        run_scenario(load_scenario(path))

@@ -22,7 +22,7 @@ from sim.trace.format import Trace, TraceHeader, write_trace
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
 EXPECTED = {"ds4-504-slab", "ds4-504-per-class", "strata-658-borrow", "strata-658-own", "strata-658-auto-borrow",
-            "strata-658-auto-own", "conversation-aba"}
+            "strata-658-auto-own", "conversation-aba", "glm52-mtp-slab", "glm52-mtp-per-class"}
 
 
 def test_the_seed_scenarios_ship():
@@ -187,7 +187,7 @@ STRATA = (ROOT / "scenarios" / "strata-658-own.toml").read_text()
     (STRATA, "expert-cache = 5400", "expert-cache = 30000",
      "engine.flags.expert-cache = 30000: more than the model's 24576"),
     (DS4, 'name = "ds4"', 'name = "vllm"', "engine.name = vllm: must be one of 'ds4', 'strata'"),
-    (DS4, 'variant = "pr504"', 'variant = "pr-504"', "engine.variant = pr-504: must be 'pre-504', 'pr504' or 'pr1082'"),
+    (DS4, 'variant = "pr504"', 'variant = "pr-504"', "engine.variant = pr-504: must be 'pre-504', 'pr504', 'pr1082', 'neutronstar-glm-slab' or 'neutronstar-glm'"),
     (DS4, 'DS4_CUDA_NO_DIRECT_IO = "1"', 'DS4_CUDA_NO_DIRECT_IO = "1"\nDS4_CUDA_HITS_FIRST = "0"',
      "engine.env.DS4_CUDA_HITS_FIRST = 0: read only by variant pr1082; this scenario's variant is pr504"),
     (DS4, "ssd-streaming = true", 'ssd-streaming = true\nmtp = "mtp.gguf"',

@@ -27,6 +27,7 @@ array API: slow, but byte-exact, which is what the tests check.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +42,9 @@ PATHS = ("d2d", "h2d", "d2h")
 MEMORIES = {"d2d": ("dev", "dev"), "h2d": ("host", "dev"), "d2h": ("dev", "host")}
 POISON = np.uint64(0xA5A5_5A5A_DEAD_BEEF)
 MAX_DESCRIPTORS_PER_LAUNCH = 65_535  # gridDim.y
+# raw: cuLaunchKernel with a parameter block packed once (about a microsecond of Python per launch);
+# pointer: numba's compiled-kernel launch with raw pointers; dispatch: numba's dispatcher with arrays
+LAUNCH_MODES = ("raw", "pointer", "dispatch")
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -189,7 +193,10 @@ class Backend:
     host_words: int
     variants: dict = field(default_factory=dict)  # path -> Variant (missing paths: Variant())
     desc_capacity: int = 3 * 8 * MAX_DESCRIPTORS_PER_LAUNCH
-    launch_mode: str = "pointer"  # "pointer" (raw driver launch) or "dispatch" (numba's array launch)
+    # how gather launches are issued (see LAUNCH_MODES) and where the kernel reads its descriptor table:
+    # "device" (copied there with one cudaMemcpyAsync per launch) or "mapped" (read from pinned memory)
+    launch_mode: str = "raw"
+    desc_in: str = "device"
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -198,7 +205,10 @@ class Backend:
         default = SIM_VARIANT if self.sim else Variant()
         self.variants = {p: self.variants.get(p, default) for p in PATHS}
         if self.sim:
-            self.launch_mode = "dispatch"
+            self.launch_mode, self.desc_in = "dispatch", "device"
+        if self.launch_mode not in LAUNCH_MODES or self.desc_in not in ("device", "mapped"):
+            raise InputError("calibrate", "launch", f"{self.launch_mode}/{self.desc_in}",
+                             f"launch modes are {', '.join(LAUNCH_MODES)}; descriptors in device or mapped memory")
         self.sms = 1 if self.sim else int(self.cuda.get_current_device().MULTIPROCESSOR_COUNT)
         self.stream = self.cuda.stream()
         self.dev = self.cuda.device_array(int(self.dev_words), np.uint64)
@@ -220,8 +230,16 @@ class Backend:
             self.host_dptr = int(self.host.device_ctypes_pointer.value)
             self.ddesc_ptr = int(self.ddesc.device_ctypes_pointer.value)
             self.stage_ptr = int(self.stage.ctypes.data)
+            self.stage_dptr = int(self.stage.device_ctypes_pointer.value)
+            if 0 in (self.dev_ptr, self.host_ptr, self.host_dptr, self.ddesc_ptr, self.stage_ptr, self.stage_dptr):
+                raise RuntimeError("an arena has no device address")
+            # cuLaunchKernel's parameter block, packed once: three pointer-sized values and their addresses
+            self._argv = (ctypes.c_uint64 * 3)()
+            self._argp = (ctypes.c_void_p * 3)(*[ctypes.addressof(self._argv) + 8 * i for i in range(3)])
+            self._params = ctypes.addressof(self._argp)
         self.kernels: dict = {}
         self.pkernels: dict = {}
+        self.functions: dict = {}
         for variant in self.variants.values():
             self._kernels_for(variant)
 
@@ -229,17 +247,37 @@ class Backend:
         u = variant.unroll
         if u not in self.kernels:
             self.kernels[u] = _compile(u, pointers=False)
-        if self.launch_mode == "pointer" and u not in self.pkernels:
+        if self.launch_mode in ("raw", "pointer") and u not in self.pkernels:
             self.pkernels[u] = self._pointer_kernel(_compile(u, pointers=True))
+        if self.launch_mode == "raw" and u not in self.functions:
+            self.functions[u] = self._cufunction(self.pkernels[u])
+
+    def _cufunction(self, kernel):
+        """The driver function handle of a compiled kernel (loaded into this context)."""
+        b = self.binding
+        kernel.bind()
+        handle = kernel._codelibrary.get_cufunc().handle
+        if isinstance(handle, b.CUfunction):
+            return handle
+        err, func = b.cuKernelGetFunction(b.CUkernel(int(handle)))  # a library kernel: its function here
+        if err != self.ok:
+            raise RuntimeError(f"cuKernelGetFunction failed: {err}")
+        return func
 
     def set_variant(self, path: str, variant: Variant) -> None:
         self._kernels_for(variant)
         self.variants[path] = variant
 
-    def use_dispatch(self, why: str) -> None:
-        """Fall back to numba's own launch with array arguments (slower on the host, same kernel body)."""
-        self.launch_mode = "dispatch"
-        self.notes.append(f"gather launches use numba's dispatcher: {why}")
+    def set_launch(self, mode: str, desc_in: str = "device", why: str | None = None) -> None:
+        """Switch how gather launches are issued (prepared steps keep working: they hold no pointers)."""
+        if self.sim:
+            return
+        self.launch_mode = mode
+        self.desc_in = desc_in if mode != "dispatch" else "device"
+        for variant in self.variants.values():
+            self._kernels_for(variant)
+        if why:
+            self.notes.append(f"gather launches: {mode}, descriptors in {self.desc_in} memory: {why}")
 
     # ---- plumbing ----
 
@@ -260,6 +298,12 @@ class Backend:
         if self.sim:
             return
         self._check(self.binding.cuStreamSynchronize(self.hstream), "cuStreamSynchronize")
+
+    def validate(self, path: str, desc: np.ndarray) -> None:
+        if path not in MEMORIES:
+            raise InputError("plan", "path", path, f"must be one of {', '.join(PATHS)}")
+        s_mem, d_mem = MEMORIES[path]
+        validate_descriptors("plan", path, desc, self.words(s_mem), self.words(d_mem))
 
     def mem(self, name: str):
         return self.dev if name == "dev" else self.host
@@ -303,6 +347,7 @@ class Backend:
     def ce_step(self, path, src, dst, nwords) -> CeStep:
         """Descriptors of one path (word offsets and lengths, array-likes) as cudaMemcpyAsync calls."""
         src, dst, nwords = (np.asarray(x, np.int64).ravel() for x in (src, dst, nwords))
+        self.validate(path, np.column_stack([src, dst, nwords]))
         s_mem, d_mem = MEMORIES[path]
         if self.sim:
             ops = [(path, int(s), int(d), int(n)) for s, d, n in zip(src, dst, nwords)]
@@ -371,6 +416,7 @@ class Backend:
         n_all = nbytes = 0
         for path, desc in launches:
             desc = np.ascontiguousarray(desc, dtype=np.int64).reshape(-1, 3)
+            self.validate(path, desc)
             for first in range(0, len(desc), MAX_DESCRIPTORS_PER_LAUNCH):
                 part = desc[first: first + MAX_DESCRIPTORS_PER_LAUNCH]
                 if not len(part):
@@ -394,15 +440,26 @@ class Backend:
             src, dst = self.mem(s_mem), self.mem(d_mem)
             self.kernels[variant.unroll][grid, block](src, dst, flat)
             return
-        # the table goes through pinned memory to the device, as an engine would upload its slot map
+        # the table goes to pinned memory, then (desc_in "device") to the device, as an engine would upload
+        # its slot map; with "mapped" the kernel reads it from pinned memory over the bus
         self.stage[cursor: cursor + len(flat)] = flat
-        if self.binding.cuMemcpyAsync(self.ddesc_ptr + WORD * cursor, self.stage_ptr + WORD * cursor,
-                                      WORD * len(flat), self.hstream)[0] != self.ok:
-            self._raise_last("cuMemcpyAsync (descriptors)")
-        if self.launch_mode == "pointer":
-            sp = self.dev_ptr if s_mem == "dev" else self.host_dptr
-            dp = self.dev_ptr if d_mem == "dev" else self.host_dptr
-            self.pkernels[variant.unroll].launch([sp, dp, self.ddesc_ptr + WORD * cursor], grid, block, self.stream)
+        if self.desc_in == "mapped":
+            desc_ptr = self.stage_dptr + WORD * cursor
+        else:
+            desc_ptr = self.ddesc_ptr + WORD * cursor
+            if self.binding.cuMemcpyAsync(desc_ptr, self.stage_ptr + WORD * cursor, WORD * len(flat),
+                                          self.hstream)[0] != self.ok:
+                self._raise_last("cuMemcpyAsync (descriptors)")
+        sp = self.dev_ptr if s_mem == "dev" else self.host_dptr
+        dp = self.dev_ptr if d_mem == "dev" else self.host_dptr
+        if self.launch_mode == "raw":
+            argv = self._argv
+            argv[0], argv[1], argv[2] = sp, dp, desc_ptr
+            if self.binding.cuLaunchKernel(self.functions[variant.unroll], grid[0], grid[1], 1, block[0], 1, 1, 0,
+                                           self.hstream, self._params, 0)[0] != self.ok:
+                self._raise_last("cuLaunchKernel")
+        elif self.launch_mode == "pointer":
+            self.pkernels[variant.unroll].launch([sp, dp, desc_ptr], grid, block, self.stream)
         else:
             src, dst = self.mem(s_mem), self.mem(d_mem)
             self.kernels[variant.unroll][grid, block, self.stream](src, dst, self.ddesc[cursor: cursor + len(flat)])

@@ -70,6 +70,7 @@ class Grid:
             raise InputError("calibrate", "--repeats", self.repeats, "must be >= 1")
         self.sizes_bytes = tuple(sorted({_round_words(s) * WORD for s in self.sizes_bytes}))
         self.experts = tuple(sorted(set(int(n) for n in self.experts)))
+        self.reference_bytes = int(min(self.reference_bytes, self.max_total_bytes))
 
     @property
     def max_total_bytes(self) -> int:
@@ -184,24 +185,57 @@ def spot_check(backend: Backend, path: str, desc: np.ndarray, run) -> None:
 # ----------------------------------------------------------------------------------------------- steps
 
 
+LAUNCHES = (("raw", "device"), ("raw", "mapped"), ("pointer", "device"), ("dispatch", "device"))
+
+
 def run_self_test(backend: Backend, seed: int, words: int, max_words: int) -> dict:
-    """The self-test on a small scratch backend of `words` device words; both launch styles on a GPU."""
+    """The self-test on a small scratch backend of `words` device words, for every way of launching the
+    gather kernel (on a GPU) and both ways of copying per descriptor. Returns per launch way its counts or
+    its error; `backend` is left on the first way that passed."""
     rng = np.random.default_rng(seed)
-    small = Backend(dev_words=words, host_words=words // 2, variants=dict(backend.variants),
-                    launch_mode=backend.launch_mode)
-    results = {}
-    try:
-        results[small.launch_mode] = self_test(small, rng, steps=3, n_desc=48, max_words=max_words)
-    except Exception as exc:  # the raw-pointer launch is the less travelled road: fall back, say so
-        if small.launch_mode != "pointer":
-            raise
-        backend.use_dispatch(f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
-        small.use_dispatch("fallback")
-        results["pointer_error"] = backend.notes[-1]
-    if small.launch_mode == "pointer":
-        small.use_dispatch("cross-check of the array launch")
-    results["dispatch"] = self_test(small, rng, steps=2, n_desc=24, max_words=max_words)
+    small = Backend(dev_words=words, host_words=words // 2, variants=dict(backend.variants), launch_mode="dispatch")
+    if small.sim:
+        return {"dispatch/device": self_test(small, rng, steps=2, n_desc=24, max_words=max_words)}
+    results, working = {}, []
+    for mode, desc_in in LAUNCHES:
+        key = f"{mode}/{desc_in}"
+        try:
+            small.set_launch(mode, desc_in)
+            results[key] = self_test(small, rng, steps=2, n_desc=48, max_words=max_words)
+            working.append((mode, desc_in))
+        except Exception as exc:  # a launch way this driver or numba-cuda does not take: note it, go on
+            results[key] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    if not working:
+        raise AssertionError(f"the gather kernel failed its self-test every way: {results}")
+    backend.set_launch(*working[0], why="first that passed the self-test")
+    results["working"] = [f"{m}/{d}" for m, d in working]
     return results
+
+
+def choose_launch(backend: Backend, layout: Layout, rng, ways: list, reps: int = 200) -> list[dict]:
+    """Host time of a small step (18 x 2 MiB D2D copies, a ds4 decode layer) per working launch way; the
+    backend keeps the fastest."""
+    desc = sample_descriptors(rng, layout, "d2d", 2 * MIB, 18)
+    rows = []
+    for key in ways:
+        mode, desc_in = key.split("/")
+        backend.set_launch(mode, desc_in)
+        step = backend.gather_step([("d2d", desc)])
+        for _ in range(10):
+            backend.run_gather(step)
+        walls = [backend.run_gather(step) for _ in range(reps)]
+        rows.append({"launch": key, "wall_us": float(np.median([w.wall_us for w in walls])),
+                     "enqueue_us": float(np.median([w.enqueue_us for w in walls]))})
+    best = min(rows, key=lambda r: r["wall_us"])
+    backend.set_launch(*best["launch"].split("/"), why=f"fastest small step, {best['wall_us']:.1f} us")
+    return rows
+
+
+def reference_descriptors(path: str, total_bytes: int) -> tuple[int, int]:
+    """(size, count) of the expert-sized descriptors a reference gather uses: 4 MiB for d2d, 16 MiB for the
+    host paths (smaller when the total is small), as many as fit into total_bytes."""
+    size = min(4 * MIB if path == "d2d" else 16 * MIB, max(WORD, total_bytes // 4 // WORD * WORD))
+    return size, max(1, total_bytes // (_slot_words(size) * WORD))
 
 
 def tune(backend: Backend, layout: Layout, rng, grid: Grid, log) -> list[dict]:
@@ -209,8 +243,7 @@ def tune(backend: Backend, layout: Layout, rng, grid: Grid, log) -> list[dict]:
     shape; each path keeps its fastest."""
     rows = []
     for path in grid.paths:
-        size = 4 * MIB if path == "d2d" else 16 * MIB
-        n = max(1, grid.reference_bytes // size)
+        size, n = reference_descriptors(path, min(grid.reference_bytes, layout.staging_words * WORD))
         best = None
         for variant in TUNING if grid.tune else (backend.variants[path],):
             backend.set_variant(path, variant)
@@ -237,12 +270,16 @@ def references(backend: Backend, layout: Layout, rng, grid: Grid) -> dict:
         ce = backend.ce_step(path, [s], [d], [total_w])
         backend.enqueue_ce(ce)
         ce_ms = float(np.median(backend.gpu_ms(lambda: backend.enqueue_ce(ce), grid.event_reps)))
-        size = 4 * MIB if path == "d2d" else 16 * MIB
-        n = max(1, (total_w * WORD) // size)
+        size, n = reference_descriptors(path, total_w * WORD)
         steps = [backend.gather_step([(path, sample_descriptors(rng, layout, path, size, n))]) for _ in range(4)]
         backend.enqueue_gather(steps[0])
-        it = iter(range(10**9))
-        g_ms = float(np.median(backend.gpu_ms(lambda: backend.enqueue_gather(steps[next(it) % 4]), grid.event_reps)))
+        turn = [0]
+
+        def rotating():  # four slot sets in turn, so no source stays in L2 between repeats
+            turn[0] += 1
+            backend.enqueue_gather(steps[turn[0] % 4])
+
+        g_ms = float(np.median(backend.gpu_ms(rotating, grid.event_reps)))
         out[path] = {"copy_bytes": total_w * WORD, "copy_ms": ce_ms, "copy_gbps": total_w * WORD / (ce_ms * 1e6),
                      "gather_bytes": steps[0].nbytes, "gather_descriptors": n, "gather_ms": g_ms,
                      "gather_gbps": steps[0].nbytes / (g_ms * 1e6)}
@@ -365,6 +402,10 @@ def calibrate(grid: Grid, log=lambda msg: None) -> SweepResult:
     pattern = rng.integers(1, 2**63, size=(1 << 22) + 1, dtype=np.uint64)
     backend.fill("dev", pattern)
     backend.fill("host", pattern[::-1].copy())
+    launches = []
+    if not device["simulator"]:
+        launches = choose_launch(backend, layout, rng, st["working"])
+        log(f"launch ways: {launches}")
     tuning = tune(backend, layout, rng, grid, log) if not device["simulator"] else []
     refs = references(backend, layout, rng, grid)
     sync_idle = idle_sync_us(backend, 200 if device["simulator"] else 2000)
@@ -374,6 +415,7 @@ def calibrate(grid: Grid, log=lambda msg: None) -> SweepResult:
     result = SweepResult(device=device, grid=grid, samples=samples, params=params, tuning=tuning,
                          references=refs, speed=speed_rows(refs), comparison=comparison(med, 4 * MIB),
                          self_test=st, extra={"sync_idle_us": sync_idle, "launch_mode": backend.launch_mode,
+                                              "desc_in": backend.desc_in, "launch_ways": launches,
                                               "variants": {p: v.as_dict() for p, v in backend.variants.items()}},
                          notes=list(backend.notes))
     result.seconds = time.perf_counter() - t0

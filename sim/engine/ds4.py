@@ -1,22 +1,38 @@
 """ds4's CUDA SSD-streaming expert cache as a SimPy process (antirez/ds4 @80ebbc3, and PR #504).
 
 What the model does, per the engine's code paths (reference/ds4-engine.md §1.5-§1.10):
-- decode, per token and layer: the router's 6 experts are looked up in the cache of their size class
-  (variant pr504) or in the single slab keyed on the last size seen (pre-504: a size change releases the
-  slab and allocates one for the new size). A hit is 3 synchronous D2D copies (gate, up, down) into the
-  compact staging buffer; a miss loads the 3 parts into a slab slot (each read -> H2D -> stream sync, the
-  engine's QD1 streamed copy) and then makes the same 3 D2D copies. Per layer the engine also syncs the
-  device, reads the ids back and uploads the slot map; only the shared-expert kernels overlap the fetch.
+- decode, per token and layer: the router's top-k experts (6 on Flash, 8 on GLM-5.2) are looked up in the
+  cache of their size class (pr504, pr1082, neutronstar-glm) or in the single slab keyed on the last size
+  seen (pre-504, neutronstar-glm-slab: a size change releases the slab and allocates one for the new size).
+  A hit is 3 synchronous D2D copies (gate, up, down) into the compact staging buffer; a miss loads the 3
+  parts into a slab slot (each read -> H2D -> stream sync, the engine's QD1 streamed copy) and then makes
+  the same 3 D2D copies. Per layer the engine also syncs the device, reads the ids back and uploads the
+  slot map; only the shared-expert kernels overlap the fetch.
 - prefill: prompts of <= 18 tokens (64 when layer 0 is Q4_K) go through the decode path; longer ones run
   layer-major in chunks (--prefill-chunk, default the prompt up to 4096, else 4096; 8192 for Pro). Per
-  layer the chunk's expert union is staged in a grow-only compact buffer. pre-504: every batch call first
-  releases all caches and loads the whole union directly. pr504: staging first, then hits are D2D copies,
-  misses fill free slots (append) and the rest load directly: a prefill never evicts.
+  layer the chunk's expert union is staged in a grow-only compact buffer. pre-504 (and the slab twin):
+  every batch call first releases all caches and loads the whole union directly. pr504 (and the other
+  per-class variants): staging first, then hits are D2D copies, misses fill free slots (append) and the
+  rest load directly: a prefill never evicts.
+- MTP draft steps (variants neutronstar-glm*, `--mtp`): the GLM stack of giannisanni/neutronstar runs the
+  in-file MTP layer (GLM-5.2's blk.78) once per decode token, after the routed layers, through the same
+  selected-expert path ("MTP draft layer experts are Q2_K: they stream through the same expert path",
+  neutronstar docs/glm-mtp-port.md). Prefill does not run it ("prefill does not populate" the draft's
+  cache, same file). Its experts are their own size class: per-class caches keep them in their own pool;
+  the slab releases itself on every entry to and exit from that class (ds4 #595). No draft is accepted:
+  this is the fork's probe mode, so the MTP step only adds time (its accept loop is "a net slowdown" on
+  streaming, neutronstar README); the draft's eh_proj and second output-head pass are not charged.
 Everything here is serial on the host (the engine syncs after every part), so the layer step's time is
 the sum of its operations; the links keep the books per path (file, host memcpy, PCIe, D2D, compute).
+
+VRAM before the expert cache (free VRAM = VRAM - non-routed weights on the GPU - runtime overhead) is
+per model, each with its source (_resident_set): DeepSeek-V4-Flash is calibrated on the #503 log (96 GB
+card); GLM-5.2 is derived from its public geometry and the neutronstar 16 GB rig (glm52_non_routed_bytes).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -27,6 +43,8 @@ from sim.engine import ds4_plan
 from sim.engine.timeline import Link, Recorder, serial
 from sim.engine.workload import WorkloadRouting
 from sim.errors import InputError
+from sim.model.quant import QUANT_TYPES
+from sim.trace.format import MISSING
 
 # fmt: off
 MIB = 1 << 20
@@ -36,21 +54,118 @@ DECODE_PATH_PREFILL_MAX_TOKENS_Q4 = 64     # ... 64 when layer 0's experts are a
 DEFAULT_PREFILL_CHUNK_TOKENS = 4096        # ds4_prefill_cap_for_prompt, ds4.c L8330 (§1.7)
 DEFAULT_PREFILL_CHUNK_TOKENS_PRO = 8192    # same, DeepSeek V4 Pro (§1.7)
 PARTS_PER_EXPERT = 3                       # gate, up, down: three file ranges, three copies (§1.8)
+SLAB_VARIANTS = ("pre-504", "neutronstar-glm-slab")  # one slab keyed on the last size; the rest per class
 DEVICE_SYNCS_PER_DECODE_LAYER = 3          # "roughly 43 x (2-4) syncs per token": device sync after the router,
                                            # the worker's sync, flush_commands (§1.6 steps 1, 2, 4)
-# Non-routed weights resident on the GPU, and the runtime's other VRAM (KV, compute buffers, context):
-# free VRAM before the expert cache = VRAM - both. ds4's #503 log gives "available 81.57 GiB" for the
-# q2-q4 Flash file on the 96 GB card (§1.12); with 8.20 GiB non-routed (#488) the rest is 96 - 81.57 - 8.20.
-NON_ROUTED_GIB = {"deepseek-v4-flash": 8.20}   # antirez/ds4#488: "non-routed weights: 8.20 GiB" (§2.3)
-RUNTIME_OVERHEAD_GIB = 96 - 81.57 - 8.20       # [derived] from the #503 log on the RTX PRO 6000 96 GB
 # fmt: on
 
+# ------------------------------------------------------------------------------------------ VRAM before the cache
+#
+# GLM-5.2's non-routed weights, [derived] from public geometry at the ds4 file's quants (no published
+# figure of the GGUF's non-routed bytes is in our notes).
+# Geometry: hardware-and-gguf.md §4 (hidden 6144, 64 heads MLA, dense FFN 12288, vocab 154,880, 3 dense +
+# 75 MoE layers + 1 MTP, 256 experts, 1 shared expert of width 2048); MLA ranks from slime/miles
+# scripts/models/glm5-744B-A40B.sh (q-lora 2048, kv-lora 512, qk head 192 + rope 64, v head 256); the DSA
+# indexer from the GLM-5.2 config (index_n_heads 32, index_head_dim 128, index_topk_freq 4,
+# index_skip_topk_offset 3; quoted in miles' GLM-5.2 launcher), whose weights exist only in the layers that
+# compute the index: blocks 1-3 and every 4th after (1-based), 21 of 78, plus the MTP block.
+# Check: these counts give 753.33 B parameters; at BF16 (router bias F32) that is 1,506,659,919,872 B,
+# exactly the GLM-5.2 checkpoint's safetensors total_size (quoted in the same launcher and in GLM-5.2
+# manifest tests); the 744 B headline is the same count without the MTP block.
+# Quants: "everything that makes decisions stays at Q8_0/F32" (neutronstar README, the ds4 GLM-5.2 file):
+# every 2-D non-routed matrix Q8_0, every 1-D tensor (norms, biases) F32, the MTP eh_proj Q8_0
+# (neutronstar docs/glm-mtp-port.md); the MTP block shares the embedding and output head. Result: 18.70
+# GiB. The README's "196.6 GiB file" less the routed bytes (176.98 GiB, block table) implies 19.62 GiB:
+# the recipe keeps ~0.9 GiB more above Q8_0 than this derivation (an F16 token embedding alone would be
+# 0.83 GiB); the per-tensor recipe on the model card is not in our notes.
+GLM52_MLA = dict(q_lora=2048, kv_lora=512, heads=64, qk_nope=192, qk_rope=64, v_head=256)
+GLM52_DENSE_FFN = 12288
+GLM52_VOCAB = 154_880
+GLM52_INDEXER = dict(heads=32, head_dim=128, every=4, first=3)
 
-def _non_routed_bytes(model: str) -> int:
-    for family, gib in NON_ROUTED_GIB.items():
-        if model.startswith(family):
-            return int(gib * GIB)
-    raise InputError("scenario", "model", model, f"ds4 is modelled for {', '.join(NON_ROUTED_GIB)} only")
+
+def _q(type_name: str, n_weights: int) -> int:
+    t = QUANT_TYPES[type_name]
+    return n_weights // t.block_weights * t.block_bytes
+
+
+def _glm52_layer_bytes(hidden: int, n_experts: int, width: int, moe: bool, indexer: bool) -> int:
+    m = GLM52_MLA
+    mats = [hidden * m["q_lora"], m["q_lora"] * m["heads"] * (m["qk_nope"] + m["qk_rope"]),
+            hidden * (m["kv_lora"] + m["qk_rope"]), m["kv_lora"] * m["heads"] * (m["qk_nope"] + m["v_head"]),
+            m["heads"] * m["v_head"] * hidden]
+    vecs = [m["q_lora"], m["kv_lora"], hidden, hidden]  # q_a_norm, kv_a_norm, attention and FFN norms
+    if indexer:
+        ix = GLM52_INDEXER
+        mats += [m["q_lora"] * ix["heads"] * ix["head_dim"], hidden * ix["head_dim"], hidden * ix["heads"]]
+        vecs += [ix["head_dim"], ix["head_dim"]]  # k norm weight and bias
+    if moe:
+        mats += [3 * hidden * width, hidden * n_experts]  # one shared expert, the router
+        vecs += [n_experts]  # router bias (e_score_correction)
+    else:
+        mats += [3 * hidden * GLM52_DENSE_FFN]
+    return sum(_q("Q8_0", n) for n in mats) + sum(_q("F32", n) for n in vecs)
+
+
+def glm52_non_routed_bytes(layout) -> int:
+    """Non-routed bytes of the ds4 GLM-5.2 file (main blocks, MTP glue, embedding, head): see above."""
+    ix = GLM52_INDEXER
+    n_main = layout.n_blocks - layout.n_mtp_layers
+    total = 0
+    for block in range(n_main):
+        one_based = block + 1
+        indexer = one_based <= ix["first"] or (one_based - ix["first"]) % ix["every"] == 0
+        total += _glm52_layer_bytes(layout.hidden, layout.n_experts, layout.expert_width,
+                                    block not in layout.dense_blocks, indexer)
+    for _ in range(layout.n_mtp_layers):  # a full MoE block with its indexer, plus eh_proj and 3 norms
+        total += _glm52_layer_bytes(layout.hidden, layout.n_experts, layout.expert_width, True, True)
+        total += _q("Q8_0", 2 * layout.hidden * layout.hidden) + _q("F32", 3 * layout.hidden)
+    return total + 2 * _q("Q8_0", GLM52_VOCAB * layout.hidden) + _q("F32", layout.hidden)  # embd, head, norm
+
+
+@dataclass(frozen=True)
+class ResidentSet:
+    """VRAM taken before the expert cache: free VRAM = VRAM - (non_routed - host_pinned) - runtime_overhead.
+
+    non_routed: the file's non-routed weights; host_pinned: the part the engine keeps in pinned host RAM
+    instead of VRAM; runtime_overhead: KV cache, compute buffers and the CUDA context."""
+
+    non_routed_bytes: int
+    host_pinned_bytes: int
+    runtime_overhead_bytes: int
+    source: str
+
+    @property
+    def vram_bytes(self) -> int:
+        return self.non_routed_bytes - self.host_pinned_bytes + self.runtime_overhead_bytes
+
+
+# DeepSeek-V4-Flash: ds4's #503 log gives "available 81.57 GiB" for the q2-q4 file on the 96 GB card
+# (§1.12); with 8.20 GiB non-routed (antirez/ds4#488, §2.3) the runtime overhead is 96 - 81.57 - 8.20.
+FLASH_NON_ROUTED_GIB = 8.20
+FLASH_RUNTIME_OVERHEAD_GIB = 96 - 81.57 - 8.20  # [derived] from the #503 log on the RTX PRO 6000 96 GB
+# GLM-5.2 on the neutronstar rig (RTX 4060 Ti 16 GB), giannisanni/neutronstar README: "the resident
+# weights want ~9-13 GiB VRAM plus ~8 GiB pinned host RAM". We keep the 8 GiB in host RAM and take the
+# upper 13 GiB as all VRAM in use before the expert cache; the runtime overhead is what the derived
+# non-routed weights on the GPU leave of it: 13 - (18.70 - 8) = 2.30 GiB [derived]. Cross-check: the f32
+# compact MLA cache at the rig's --ctx 4096 is 78 x 4096 x (512 + 64) x 4 B = 0.69 GiB [derived], the rest
+# compute buffers and the CUDA context. Calibrated for that 16 GB rig, not for other cards.
+GLM52_HOST_PINNED_GIB = 8
+GLM52_RESIDENT_VRAM_GIB = 13
+
+
+def _resident_set(layout) -> ResidentSet:
+    name = layout.name
+    if name.startswith("deepseek-v4-flash"):
+        return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, int(FLASH_RUNTIME_OVERHEAD_GIB * GIB),
+                           "antirez/ds4#488 non-routed 8.20 GiB; runtime overhead from the #503 log (96 GB card)")
+    if name.startswith("glm-5.2"):
+        non_routed = glm52_non_routed_bytes(layout)
+        host = GLM52_HOST_PINNED_GIB * GIB
+        return ResidentSet(non_routed, host, GLM52_RESIDENT_VRAM_GIB * GIB - (non_routed - host),
+                           "non-routed derived from GLM-5.2 geometry at Q8_0/F32; host-pinned part and "
+                           "resident VRAM from the neutronstar README (16 GB rig)")
+    raise InputError("scenario", "model", name, "ds4 is modelled for deepseek-v4-flash and glm-5.2 only")
 
 
 class Ds4Engine:
@@ -60,11 +175,18 @@ class Ds4Engine:
         self.scenario, self.routing, self.rec = scenario, routing, recorder
         hw, layout, engine = scenario.hardware_profile, scenario.layout, scenario.engine
         self.variant = engine.variant
-        self.per_class = self.variant != "pre-504"
+        if self.variant == "pr1082":
+            raise InputError(str(scenario.path or "scenario"), "engine.variant", self.variant,
+                             "hits-first and the pread pool of ds4 #1082 are not modelled yet; use pr504")
+        self.per_class = self.variant not in SLAB_VARIANTS
         self.compute = scenario.compute
-        self.n_layers = layout.n_routed_layers
+        self.n_layers = layout.n_routed_layers  # the forward pass; MTP layers (if run) come after them
         self.n_experts = layout.n_experts
-        self.layers = layout.layers[: self.n_layers]
+        # --mtp on a variant that runs the draft under streaming (validated by sim.scenario): each decode
+        # token also routes the model's MTP layers, which are layout.layers[n_routed:] (its own size class)
+        self.mtp = engine.flags.mtp is not None and layout.n_mtp_layers > 0
+        self.mtp_layers = list(range(self.n_layers, self.n_layers + layout.n_mtp_layers)) if self.mtp else []
+        self.layers = layout.layers[: self.n_layers + len(self.mtp_layers)]
         self.part_bytes = np.array([[x.gate_bytes, x.up_bytes, x.down_bytes] for x in self.layers], np.int64)
         self.expert_bytes = self.part_bytes.sum(axis=1)
         classes: dict = {}
@@ -83,7 +205,8 @@ class Ds4Engine:
         self.vram_total = int(hw.gpu.vram_gib.value * GIB)
         self.reserve_bytes = ds4_plan.vram_reserve_bytes(
             getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None), self.vram_total)
-        self.vram_free = self.vram_total - _non_routed_bytes(layout.name) - int(RUNTIME_OVERHEAD_GIB * GIB)
+        self.resident = _resident_set(layout)
+        self.vram_free = self.vram_total - self.resident.vram_bytes
         pro = "pro" in layout.name
         self.chunk_default = DEFAULT_PREFILL_CHUNK_TOKENS_PRO if pro else DEFAULT_PREFILL_CHUNK_TOKENS
         self.chunk_flag = flags.prefill_chunk
@@ -92,7 +215,7 @@ class Ds4Engine:
         # where a miss's bytes come from: the page cache (buffered pread of a file kept in RAM) or the SSD
         no_direct_io = getattr(env, "DS4_CUDA_NO_DIRECT_IO", None) not in (None, "0", "")
         keep_pages = getattr(env, "DS4_CUDA_KEEP_MODEL_PAGES", None) not in (None, "0", "")
-        fits_in_ram = layout.total_expert_bytes + _non_routed_bytes(layout.name) < hw.host.ram_gib.value * GIB
+        fits_in_ram = layout.total_expert_bytes + self.resident.non_routed_bytes < hw.host.ram_gib.value * GIB
         self.page_cache = no_direct_io and keep_pages and fits_in_ram
         lat = hw.latency
         self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
@@ -109,8 +232,12 @@ class Ds4Engine:
             "sync": Link("stream syncs", 0.0, self.sync_s),
         }
         # cache state: one LRU pool per class (pr504) or one pool for the slab (pre-504)
-        self.cache = LRUCache(self.n_layers, self.n_experts, np.zeros(self.n_classes if self.per_class else 1, np.int64))
-        self.allocated = [False] * (self.n_classes if self.per_class else 1)
+        n_pools = self.n_classes if self.per_class else 1
+        self.cache = LRUCache(len(self.layers), self.n_experts, np.zeros(n_pools, np.int64))
+        self.allocated = [False] * n_pools
+        self.flushes = [0] * n_pools  # releases of a pool that held experts (their contents lost)
+        self.size_changes = {"prefill": 0, "decode": 0}  # pre-504: slab released for another size class
+        self.phase = "prefill"
         self.slab_class = -1
         self.staging_bytes = 0
         self.notices: list[str] = []
@@ -141,6 +268,7 @@ class Ds4Engine:
             if allocated:
                 size = int(self.cache.capacity[pool]) * (self.class_bytes[pool] if self.per_class else self.class_bytes[self.slab_class])
                 t = self.links["host"].hold(t, self._alloc_cost(size, release=True))
+                self.flushes[pool] += self.cache.count(pool) > 0
                 self.cache.flush(pool)
                 self.cache.resize(pool, 0)
                 self.allocated[pool] = False
@@ -154,6 +282,7 @@ class Ds4Engine:
         else:
             pool = 0
             if self.allocated[0] and self.slab_class != cls:
+                self.size_changes[self.phase] += 1
                 t = self._release_all(t)  # pre-504: a size change releases the whole slab
             if self.slab_class != cls:
                 self.dedup[0].reset()  # note_size() resets the cap and the notice on a size change
@@ -222,17 +351,25 @@ class Ds4Engine:
 
     # --- the engine's paths ----------------------------------------------------------------------
 
-    def _decode_token(self, t: float, request: int, phase: str, step_no: int, routing: np.ndarray) -> float:
-        for layer in range(self.n_layers):
+    def _decode_token(self, t: float, request: int, phase: str, step_no: int, routing: np.ndarray,
+                      mtp_routing: np.ndarray | None = None) -> float:
+        """One token through the decode path; mtp_routing [mtp layers, k]: the draft step's experts, run
+        after the forward pass (decode tokens only, when the scenario runs MTP)."""
+        self.phase = phase
+        steps = [(layer, routing[layer]) for layer in range(self.n_layers)]
+        if mtp_routing is not None:
+            steps += list(zip(self.mtp_layers, mtp_routing))
+        for layer, experts in steps:
             start = t
             t = self.links["compute"].hold(t, self.compute.decode_us_per_token_layer.value * 1e-6)
             t = self.links["host"].hold(t, DEVICE_SYNCS_PER_DECODE_LAYER * self.sync_s + 2 * self.memcpy_call_s)
-            t = self._grow_staging(t, int(len(routing[layer]) * self.expert_bytes[layer]))
-            t, _ = self._fetch(t, layer, routing[layer], MODE_EVICT,
+            t = self._grow_staging(t, int(len(experts) * self.expert_bytes[layer]))
+            t, _ = self._fetch(t, layer, experts, MODE_EVICT,
                                dict(request=request, phase=phase, step=step_no, layer=layer, start_s=start, tokens=1))
         return t
 
     def _prefill_chunk(self, t: float, request: int, step_no: int, rows: np.ndarray) -> float:
+        self.phase = "prefill"
         for layer in range(self.n_layers):
             start = t
             union = np.unique(rows[:, layer])
@@ -274,8 +411,11 @@ class Ds4Engine:
                     yield env.timeout(t - env.now)
             prefill_end = t
             first_token = None
+            mtp = routing.mtp if self.mtp else None
+            if self.mtp and (mtp is None or len(mtp) < len(routing.decode)):
+                raise InputError("scenario", "trace", "no MTP routing", "--mtp needs the MTP layer's routing")
             for i, row in enumerate(routing.decode):
-                t = self._decode_token(t, request, "decode", i, row)
+                t = self._decode_token(t, request, "decode", i, row, None if mtp is None else mtp[i])
                 if first_token is None:
                     first_token = t
                 yield env.timeout(t - env.now)
@@ -295,9 +435,14 @@ class Ds4Engine:
         r = self.routing.requests[request]
         if not len(r.decode):
             return None
-        rows = np.concatenate([r.prompt, r.decode])
+        prompt, decode = r.prompt[:, : self.n_layers], r.decode[:, : self.n_layers]
+        if self.mtp:  # the draft runs on decode tokens only: its prompt cells are missing
+            pad = np.full((len(prompt), len(self.mtp_layers), prompt.shape[2]), MISSING, np.uint16)
+            prompt = np.concatenate([prompt, pad], axis=1)
+            decode = np.concatenate([decode, r.mtp[: len(decode)]], axis=1)
+        rows = np.concatenate([prompt, decode])
         phase = np.r_[np.zeros(len(r.prompt)), np.ones(len(r.decode))]
-        header = TraceHeader(self.scenario.layout.name, self.n_layers, self.n_experts, rows.shape[2], "run", "")
+        header = TraceHeader(self.scenario.layout.name, rows.shape[1], self.n_experts, rows.shape[2], "run", "")
         trace = Trace(header, np.zeros(len(rows)), np.arange(len(rows)), phase, rows)
         result = replay(trace, Geometry.of(trace, self.scenario.layout), "opt", "class", np.array(self.cache.capacity))
         return float(result.per_phase().set_index("phase").loc["decode", "hit_rate"])
@@ -308,4 +453,12 @@ class Ds4Engine:
                 "cache_mib": self._cache_bytes() / MIB, "lent_slots": 0,
                 "prefill_buffer_mib": self.staging_bytes / MIB, "notices": list(self.notices),
                 "reserve_gib": self.reserve_bytes / GIB, "budget_experts": self.budget_experts,
-                "miss_source": "page cache" if self.page_cache else "SSD (O_DIRECT, QD1)"}
+                "miss_source": "page cache" if self.page_cache else "SSD (O_DIRECT, QD1)",
+                "class_expert_bytes": [int(b) for b in self.class_bytes],
+                "mtp_layers": [int(x) for x in self.mtp_layers],
+                "flushes_per_pool": list(self.flushes), "slab_size_changes": dict(self.size_changes),
+                "vram_before_cache_gib": self.resident.vram_bytes / GIB,
+                "non_routed_gib": self.resident.non_routed_bytes / GIB,
+                "host_pinned_non_routed_gib": self.resident.host_pinned_bytes / GIB,
+                "runtime_overhead_gib": self.resident.runtime_overhead_bytes / GIB,
+                "resident_set_source": self.resident.source}

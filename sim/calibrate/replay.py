@@ -1,0 +1,362 @@
+"""`expertsim calibrate --replay RESULTS`: a simulated run's copy plan, replayed on the GPU, step by step.
+
+The plan (copy_plan.parquet, written by `expertsim run -o RESULTS`) says per engine step which copies the
+engine makes: kind (H2D, D2D, D2H), count, bytes each, source and destination labels ("slab:gate",
+"staging:down", "file", ...). It has no addresses, so the replay gives each (memory, label) its own arena of
+fixed-size slots and places the copies the way the engines do:
+
+- a label that is ever a copy source is a cache: its copies read or fill random slots (so sources are not
+  L2-resident), and a source that was filled earlier in the same step is read from that slot (ds4: a miss is
+  loaded into a slab slot, then copied slab -> staging like a hit);
+- a label that is only ever a destination is a staging buffer: its copies are laid out compactly from the
+  start, as the engines' compact buffers are.
+
+Host labels (H2D sources, D2H destinations) live in pinned, mapped host memory: the replay measures the
+GPU side of a copy, not the page-cache read or memcpy that feeds the pinned buffer (the simulator books
+those on other links).
+
+Each step runs two ways: the engines' way (one cudaMemcpyAsync and one stream sync per copy, in plan order)
+and the gather kernel (launches grouped by path and by dependency level, one sync at the end). Host time
+per step is compared with the calibration's prediction for that step. Some steps (the first two, then every
+`verify_every`-th) are verified: destinations poisoned, every byte compared with a host-side reference.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.calibrate import cudaenv, fit
+from sim.calibrate.kernel import POISON, WORD, Backend
+from sim.errors import InputError
+
+MIB = 1 << 20
+GIB = 1 << 30
+KIND_PATH = {"H2D": "h2d", "D2D": "d2d", "D2H": "d2h"}
+PATH_MEMORIES = {"d2d": ("dev", "dev"), "h2d": ("host", "dev"), "d2h": ("dev", "host")}
+PLAN_COLUMNS = ("step_id", "kind", "count", "bytes_each", "src", "dst")
+SLOT_ALIGN_WORDS = 32
+MIN_CACHE_BYTES = {"dev": 256 * MIB, "host": 64 * MIB}  # random-slot arenas at least this large (L2 is 60 MB)
+WARMUP_STEPS = 3
+
+
+def read_plan(results: str | Path) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
+    """copy_plan.parquet (checked), summary.json and steps.parquet (when present) of a results folder."""
+    folder = Path(results)
+    where = str(folder)
+    if not folder.is_dir():
+        raise InputError(where, "--replay", where, "no such results folder (expertsim run SCENARIO -o FOLDER)")
+    plan_path = folder / "copy_plan.parquet"
+    if not plan_path.is_file():
+        raise InputError(where, "copy_plan.parquet", "(missing)", "not a results folder of expertsim run -o")
+    try:
+        plan = pd.read_parquet(plan_path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise InputError(str(plan_path), "parquet", type(exc).__name__, "unreadable copy plan") from None
+    check_plan(plan, str(plan_path))
+    summary = {}
+    if (folder / "summary.json").is_file():
+        try:
+            summary = json.loads((folder / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            raise InputError(str(folder / "summary.json"), "json", "summary.json", "not valid JSON") from None
+    steps = pd.read_parquet(folder / "steps.parquet") if (folder / "steps.parquet").is_file() else None
+    return plan, summary, steps
+
+
+def check_plan(plan: pd.DataFrame, where: str) -> None:
+    missing = [c for c in PLAN_COLUMNS if c not in plan.columns]
+    if missing:
+        raise InputError(where, "columns", missing, f"a copy plan has columns {', '.join(PLAN_COLUMNS)}")
+    if not len(plan):
+        raise InputError(where, "rows", 0, "the copy plan is empty: nothing to replay")
+    kinds = set(plan["kind"].unique())
+    if not kinds <= set(KIND_PATH):
+        raise InputError(where, "kind", sorted(kinds - set(KIND_PATH))[0], "must be H2D, D2D or D2H")
+    for col, low in (("step_id", 0), ("count", 0), ("bytes_each", 1)):
+        if not pd.api.types.is_integer_dtype(plan[col]):
+            raise InputError(where, col, str(plan[col].dtype), "must be integers")
+        bad = plan.index[plan[col] < low]
+        if len(bad):
+            raise InputError(where, f"{col}[row {int(bad[0])}]", int(plan.loc[bad[0], col]), f"must be >= {low}")
+    for col in ("src", "dst"):
+        if plan[col].isna().any() or (plan[col].astype(str) == "").any():
+            row = int(plan.index[plan[col].isna() | (plan[col].astype(str) == "")][0])
+            raise InputError(where, f"{col}[row {row}]", "", "every copy needs a source and destination label")
+
+
+@dataclass
+class Arena:
+    mem: str
+    label: str
+    slot_words: int
+    slots: int
+    cache: bool  # random slots (a cache) or compact (a staging buffer)
+    base: int = 0  # word offset in its memory
+
+    @property
+    def words(self) -> int:
+        return self.slot_words * self.slots
+
+
+class Placement:
+    """Arenas per (memory, label) for a plan, and the descriptors of each step."""
+
+    def __init__(self, plan: pd.DataFrame, max_bytes: dict | None = None, min_cache_bytes: dict | None = None):
+        min_cache_bytes = min_cache_bytes or MIN_CACHE_BYTES
+        plan = plan[plan["count"] > 0]
+        paths = plan["kind"].map(KIND_PATH)
+        rows = pd.DataFrame({"step_id": plan["step_id"].to_numpy(), "count": plan["count"].to_numpy(),
+                             "words": -(-plan["bytes_each"].to_numpy() // WORD),
+                             "src_mem": [PATH_MEMORIES[p][0] for p in paths],
+                             "dst_mem": [PATH_MEMORIES[p][1] for p in paths],
+                             "src": plan["src"].astype(str).to_numpy(), "dst": plan["dst"].astype(str).to_numpy()})
+        sources = set(zip(rows["src_mem"], rows["src"]))
+        use = pd.concat([rows[["step_id", "count", "words"]].assign(mem=rows["src_mem"], label=rows["src"]),
+                         rows[["step_id", "count", "words"]].assign(mem=rows["dst_mem"], label=rows["dst"])])
+        per_step = use.groupby(["mem", "label", "step_id"])["count"].sum().groupby(["mem", "label"]).max()
+        widest = use.groupby(["mem", "label"])["words"].max()
+        self.arenas: dict[tuple, Arena] = {}
+        cursor = {"dev": 0, "host": 0}
+        for (mem, label), peak in per_step.items():
+            slot = int(-(-int(widest[(mem, label)]) // SLOT_ALIGN_WORDS) * SLOT_ALIGN_WORDS)
+            cache = (mem, label) in sources
+            slots = int(peak)
+            if cache:
+                slots = max(2 * int(peak), -(-int(min_cache_bytes[mem]) // (slot * WORD)))
+            arena = Arena(mem, label, slot, slots, cache, cursor[mem])
+            cursor[mem] += arena.words
+            self.arenas[(mem, label)] = arena
+        self.words = cursor
+        if max_bytes:
+            for mem, limit in max_bytes.items():
+                if self.words[mem] * WORD > limit:
+                    raise InputError("replay", f"{mem} memory", f"{self.words[mem] * WORD / GIB:.2f} GiB",
+                                     f"the plan's arenas need more than the {limit / GIB:.1f} GiB available")
+        self.rows = rows
+
+    def step_descriptors(self, step_rows: pd.DataFrame, rng: np.random.Generator) -> list[tuple]:
+        """Per plan row in order: (path, desc (n, 3) words, src arena key, dst arena key)."""
+        written: dict = {}  # arena key -> slots filled in this step, not yet read back
+        used: dict = {}  # arena key -> slots touched in this step
+        compact: dict = {}
+        out = []
+        for r in step_rows.itertuples(index=False):
+            skey, dkey = (r.src_mem, r.src), (r.dst_mem, r.dst)
+            sa, da = self.arenas[skey], self.arenas[dkey]
+            n = int(r.count)
+            fresh = written.get(skey, [])
+            take = fresh[:n]
+            written[skey] = fresh[n:]
+            src_slots = list(take) + self._random(sa, n - len(take), used, rng)
+            if da.cache:
+                dst_slots = self._random(da, n, used, rng)
+                written.setdefault(dkey, []).extend(dst_slots)
+            else:
+                first = compact.get(dkey, 0)
+                if first + n > da.slots:
+                    raise InputError("replay", f"step {int(r.step_id)} {r.dst}", first + n,
+                                     f"more copies than the {da.slots} slots sized for it")
+                dst_slots = list(range(first, first + n))
+                compact[dkey] = first + n
+            src = sa.base + np.asarray(src_slots, np.int64) * sa.slot_words
+            dst = da.base + np.asarray(dst_slots, np.int64) * da.slot_words
+            path = {("dev", "dev"): "d2d", ("host", "dev"): "h2d", ("dev", "host"): "d2h"}[(r.src_mem, r.dst_mem)]
+            out.append((path, np.column_stack([src, dst, np.full(n, int(r.words), np.int64)]), skey, dkey))
+        return out
+
+    @staticmethod
+    def _random(arena: Arena, n: int, used: dict, rng) -> list:
+        if n <= 0:
+            return []
+        taken = used.setdefault((arena.mem, arena.label), set())
+        free = arena.slots - len(taken)
+        if free < n:
+            raise InputError("replay", f"{arena.mem}:{arena.label}", n, f"only {free} free slots in this step")
+        if len(taken) < arena.slots // 4:  # rejection sampling is cheap while few slots are taken
+            picks: list = []
+            while len(picks) < n:
+                for s in rng.integers(0, arena.slots, size=2 * (n - len(picks)) + 4).tolist():
+                    if s not in taken:
+                        taken.add(s)
+                        picks.append(s)
+                        if len(picks) == n:
+                            break
+            return picks
+        pool = np.setdiff1d(np.arange(arena.slots), np.fromiter(taken, np.int64, len(taken)))
+        picks = rng.choice(pool, size=n, replace=False).tolist()
+        taken.update(picks)
+        return picks
+
+
+def gather_launches(descs: list[tuple]) -> list[tuple[str, np.ndarray]]:
+    """Group a step's copies into kernel launches, one per (dependency level, path), with few launches.
+    Dependencies at slot granularity: read after write, write after read, write after write. Each copy may
+    sit at any level between its earliest (after everything it depends on) and its latest (before
+    everything that depends on it); taken in plan order, it joins an existing launch of its path in that
+    window if there is one, else the latest level (so cache hits join the copies of freshly loaded experts)."""
+    items = []  # (path, src key, dst key, row)
+    for path, desc, skey, dkey in descs:
+        for row in desc:
+            items.append((path, (skey, int(row[0])), (dkey, int(row[1])), row))
+    n = len(items)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    pred: list[list[int]] = [[] for _ in range(n)]
+    last_write: dict = {}
+    reads_since: dict = {}
+    for j, (_, src, dst, _) in enumerate(items):
+        deps = set(reads_since.get(dst, ()))
+        if src in last_write:
+            deps.add(last_write[src])
+        if dst in last_write:
+            deps.add(last_write[dst])
+        deps.discard(j)
+        for i in deps:
+            succ[i].append(j)
+            pred[j].append(i)
+        reads_since.setdefault(src, []).append(j)
+        last_write[dst] = j
+        reads_since[dst] = []
+    height = [0] * n
+    for i in range(n - 1, -1, -1):
+        height[i] = 1 + max((height[j] for j in succ[i]), default=0)
+    depth = max(height, default=0)
+    level = [0] * n
+    groups: dict = {}
+    for i, (path, _, _, row) in enumerate(items):
+        low = max((level[p] + 1 for p in pred[i]), default=0)
+        high = depth - height[i]
+        chosen = next((lv for lv in range(low, high + 1) if (lv, path) in groups), high)
+        level[i] = chosen
+        groups.setdefault((chosen, path), []).append(row)
+    return [(path, np.array(rows, np.int64)) for (lv, path), rows in sorted(groups.items())]
+
+
+def verify(backend: Backend, descs: list[tuple], run) -> int:
+    """Poison the step's destinations, run it, compare them with the host-side reference. Returns bytes."""
+    regions: dict = {}
+    for path, desc, _, _ in descs:
+        s_mem, d_mem = PATH_MEMORIES[path]
+        for s, d, n in desc:
+            for key in ((s_mem, int(s)), (d_mem, int(d))):
+                regions[key] = max(regions.get(key, 0), int(n))
+    snap = {key: backend.read(key[0], key[1], n) for key, n in regions.items()}
+    dsts = {(PATH_MEMORIES[p][1], int(d)): int(n) for p, desc, _, _ in descs for _, d, n in desc}
+    for (mem, off), n in dsts.items():
+        backend.poison(mem, off, n)
+        snap[(mem, off)][:n] = POISON
+    for path, desc, _, _ in descs:
+        s_mem, d_mem = PATH_MEMORIES[path]
+        for s, d, n in desc:
+            snap[(d_mem, int(d))][:n] = snap[(s_mem, int(s))][:n]
+    run()
+    checked = 0
+    for (mem, off), n in dsts.items():
+        got = backend.read(mem, off, n)
+        if not np.array_equal(got, snap[(mem, off)][:n]):
+            raise AssertionError(f"replay: {mem} word {off}: {int(np.count_nonzero(got != snap[(mem, off)][:n]))} "
+                                 "wrong words after the step")
+        checked += n * WORD
+    return checked
+
+
+def replay(results: str | Path, calibration: dict, *, max_steps: int | None = None, seed: int = 0,
+           verify_every: int = 1000, ways=("ce_sync", "gather"), min_cache_bytes: dict | None = None,
+           log=lambda msg: None) -> dict:
+    """Replay a results folder's copy plan; returns the report (per step and summary statistics)."""
+    plan, summary, steps_frame = read_plan(results)
+    params = _plain(calibration)
+    cudaenv.require_gpu()
+    cuda_sim = cudaenv.simulating()
+    free = None if cuda_sim else cudaenv.free_memory_bytes()
+    placement = Placement(plan, None if free is None else {"dev": 0.9 * free - 256 * MIB}, min_cache_bytes)
+    step_ids = np.unique(placement.rows["step_id"].to_numpy())
+    if max_steps is not None and len(step_ids) > max_steps:
+        step_ids = step_ids[np.unique(np.linspace(0, len(step_ids) - 1, max_steps).round().astype(int))]
+    backend = Backend(dev_words=max(placement.words["dev"], 1024), host_words=max(placement.words["host"], 1024))
+    rng = np.random.default_rng(seed)
+    pattern = rng.integers(1, 2**63, size=(1 << 20) + 3, dtype=np.uint64)
+    backend.fill("dev", pattern)
+    backend.fill("host", pattern[::-1].copy())
+    log(f"replay: {len(step_ids)} steps, arenas {placement.words['dev'] * WORD / GIB:.2f} GiB device, "
+        f"{placement.words['host'] * WORD / GIB:.2f} GiB pinned host")
+    grouped = {sid: g for sid, g in placement.rows.groupby("step_id", sort=True)}
+    records = []
+    verified = 0
+    t_start = time.perf_counter()
+    for way in ways:
+        warm = list(step_ids[:WARMUP_STEPS])
+        for k, sid in enumerate(warm + list(step_ids)):
+            descs = placement.step_descriptors(grouped[sid], rng)
+            if way == "gather":
+                launches = gather_launches(descs)
+                step = backend.gather_step(launches)
+                predicted = fit.predict_gather_step(params, [(p, len(d), int(d[:, 2].sum()) * WORD)
+                                                             for p, d in launches])
+                run = (lambda st=step: backend.run_gather(st))
+                n_calls = len(step.launches)
+            else:
+                step = Backend.join_ce([backend.ce_step(p, d[:, 0], d[:, 1], d[:, 2]) for p, d, _, _ in descs])
+                predicted = fit.predict_ce_step(params, [(p, len(d), int(d[:, 2].sum()) * WORD)
+                                                         for p, d, _, _ in descs], sync_each=(way == "ce_sync"))
+                run = (lambda st=step, w=way: backend.run_ce(st, sync_each=(w == "ce_sync")))
+                n_calls = step.n
+            if k < len(warm):
+                run()
+                continue
+            idx = k - len(warm)
+            if idx < 2 or (verify_every and idx % verify_every == 0):
+                verified += verify(backend, descs, run)
+            timing = run()
+            records.append({"way": way, "step_id": int(sid), "copies": int(sum(len(d) for _, d, _, _ in descs)),
+                            "calls": int(n_calls), "bytes": int(sum(int(d[:, 2].sum()) for _, d, _, _ in descs) * WORD),
+                            "predicted_us": float(predicted), "measured_us": float(timing.wall_us)})
+        log(f"replay {way}: {len(step_ids)} steps, {time.perf_counter() - t_start:.0f} s")
+    frame = pd.DataFrame.from_records(records)
+    frame["rel_error"] = fit.relative_errors(frame["predicted_us"], frame["measured_us"])
+    if steps_frame is not None and len(steps_frame) > int(frame["step_id"].max()):
+        frame["phase"] = steps_frame["phase"].to_numpy()[frame["step_id"].to_numpy()]
+    else:
+        frame["phase"] = "all"
+    return _report(frame, summary, calibration, results, verified, len(step_ids), cuda_sim,
+                   cudaenv.device_info()["name"])
+
+
+def _plain(calibration: dict) -> dict:
+    from sim.calibrate.fileformat import plain_parameters
+
+    return plain_parameters(calibration)
+
+
+def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, verified: int, n_steps: int,
+            simulated: bool, device_name: str) -> dict:
+    rows = []
+    for way, part in frame.groupby("way", sort=False):
+        parts = [("all", part)]
+        if part["phase"].nunique() > 1:
+            parts += list(part.groupby("phase"))
+        for phase, sub in parts:
+            stats = fit.error_stats(sub["rel_error"])
+            rows.append({"way": way, "phase": phase, "steps": int(len(sub)), "median_error": stats["median"],
+                         "p95_error": stats["p95"], "max_error": stats["max"],
+                         "measured_s": float(sub["measured_us"].sum() / 1e6),
+                         "predicted_s": float(sub["predicted_us"].sum() / 1e6)})
+    return {
+        "results": str(results),
+        "run": {k: summary.get(k) for k in ("engine", "variant", "hardware", "model", "scenario")},
+        "calibration": {"gpu": calibration["gpu"]["name"], "status": calibration["status"],
+                        "date": calibration.get("date")},
+        "gpu": device_name,
+        "simulator": simulated,
+        "steps": n_steps,
+        "verified_bytes": verified,
+        "goal": "median relative error <= 0.10",
+        "summary": rows,
+        "per_step": {c: frame[c].tolist() for c in ("way", "step_id", "phase", "copies", "calls", "bytes",
+                                                    "predicted_us", "measured_us", "rel_error")},
+    }

@@ -1,0 +1,370 @@
+"""GPU calibration without a GPU: the gather kernel in Numba's CUDA simulator on small plans (every byte
+compared), the fit on the committed H200 samples, the calibration file, the replay's placement and launch
+grouping, one-line errors. One test needs a real GPU and is skipped, not faked, without one."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+# The simulator must be chosen before numba.cuda is first imported (sim.calibrate.cudaenv imports it
+# lazily and re-reads numba's configuration): these tests never touch a real GPU in this process.
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+pytest.importorskip("numba_cuda", reason="the CUDA simulator ships with numba-cuda (expertsim[cuda])")
+
+from sim.calibrate import cudaenv, fileformat, fit  # noqa: E402
+from sim.calibrate.kernel import MEMORIES, POISON, Backend, Variant, random_plan, reference_apply, self_test  # noqa: E402
+from sim.calibrate.replay import Placement, gather_launches, replay  # noqa: E402
+from sim.errors import InputError  # noqa: E402
+
+cuda = cudaenv.load()
+
+REPO = Path(__file__).resolve().parents[1]
+CAL_DIR = REPO / "scenarios" / "hardware" / "calibration"
+H200 = CAL_DIR / "h200.json"
+H200_SAMPLES = REPO / "tests" / "data" / "calibration" / "h200-samples.json"
+SMALL_CACHE = {"dev": 1 << 16, "host": 1 << 16}
+
+
+def expertsim(*args, env=None):
+    env = {**os.environ, "COLUMNS": "160", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "sim", *map(str, args)], capture_output=True, text=True, env=env)
+
+
+def assert_one_line_error(proc, needle):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
+# ------------------------------------------------------------------------------------- kernel (simulator)
+
+
+@pytest.mark.parametrize("seed, unroll, threads", [(0, 4, 8), (1, 8, 8), (2, 4, 32)])
+def test_gather_and_engine_way_copy_every_byte_of_random_plans(seed, unroll, threads):
+    backend = Backend(dev_words=6000, host_words=3000,
+                      variants={p: Variant(threads, unroll, 2) for p in MEMORIES})
+    result = self_test(backend, np.random.default_rng(seed), steps=2, n_desc=12, max_words=400)
+    assert result["steps"] == 2 and result["descriptors"] >= 20
+    # three ways x two steps x both arenas, every word compared
+    assert result["bytes_compared"] == 3 * 2 * (6000 + 3000) * 8
+
+
+def _short_by_one(src, dst, desc):  # a broken gather: every descriptor's last word is left out
+    d = cuda.blockIdx.y
+    i = cuda.threadIdx.x
+    while i < desc[3 * d + 2] - 1:
+        dst[desc[3 * d + 1] + i] = src[desc[3 * d] + i]
+        i += cuda.blockDim.x
+
+
+def test_self_test_catches_a_kernel_that_skips_a_word():
+    backend = Backend(dev_words=4000, host_words=2000)
+    broken = cuda.jit(_short_by_one)
+    for unroll in backend.kernels:
+        backend.kernels[unroll] = broken
+    with pytest.raises(AssertionError, match="still poisoned"):
+        self_test(backend, np.random.default_rng(5), steps=1, n_desc=6, max_words=50)
+
+
+def test_random_plans_are_hazard_free():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        plan = random_plan(rng, 5000, 2000, 30, 300)
+        dst = {"dev": np.zeros(5000, int), "host": np.zeros(2000, int)}
+        src = {"dev": np.zeros(5000, int), "host": np.zeros(2000, int)}
+        for path, desc in plan:
+            s_mem, d_mem = MEMORIES[path]
+            for s, d, n in desc:
+                dst[d_mem][d: d + n] += 1
+                src[s_mem][s: s + n] += 1
+        for mem in ("dev", "host"):
+            assert dst[mem].max() <= 1 and not np.any((dst[mem] > 0) & (src[mem] > 0))
+
+
+@pytest.mark.parametrize("bad, why", [
+    (np.array([[0, 5990, 20]]), "out of range"),
+    (np.array([[-1, 0, 4]]), "out of range"),
+    (np.array([[0, 0, 0]]), "length must be > 0"),
+])
+def test_out_of_range_descriptors_are_one_line_errors(bad, why):
+    backend = Backend(dev_words=6000, host_words=3000)
+    for make in (lambda: backend.gather_step([("d2d", bad)]),
+                 lambda: backend.ce_step("d2d", bad[:, 0], bad[:, 1], bad[:, 2])):
+        with pytest.raises(InputError, match=why) as err:
+            make()
+        assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="must be one of"):
+        backend.gather_step([("h2h", np.array([[0, 0, 1]]))])
+
+
+# ------------------------------------------------------------------------------------------------- fit
+
+
+def synthetic_samples(rng, params, noise=0.02):
+    rows = []
+    for path in ("d2d", "h2d", "d2h"):
+        for way in fit.WAYS:
+            for size in (1 << 20, 4 << 20, 16 << 20):
+                for n in (1, 4, 16, 64, 256):
+                    for launches in ((1, 3) if way == "gather" and n >= 3 else (1,)):
+                        t = float(fit.predict_config(params, path, way, n, size, launches))
+                        for rep in range(3):
+                            rows.append((path, way, size, n, launches, rep, t * (1 + noise * rng.standard_normal()),
+                                         0.4 * t))
+    return pd.DataFrame.from_records(rows, columns=list(fit.SAMPLE_COLUMNS))
+
+
+def test_fit_recovers_known_parameters():
+    truth = {"paths": {p: {"ce_sync": {"per_copy_us": 9.0, "gbps": g},
+                           "ce_batch": {"fixed_us": 6.0, "per_copy_us": 3.0, "gbps": g},
+                           "gather": {"fixed_us": 8.0, "per_launch_us": 6.0, "per_descriptor_us": 0.05,
+                                      "gbps": 0.95 * g}}
+                       for p, g in (("d2d", 1900.0), ("h2d", 55.0), ("d2h", 55.0))}}
+    got = fit.fit(synthetic_samples(np.random.default_rng(0), truth, noise=0.01))
+    for path, ways in truth["paths"].items():
+        for way, terms in ways.items():
+            assert got["paths"][path][way]["gbps"] == pytest.approx(terms["gbps"], rel=0.03)
+            assert got["fit_error"][f"{path}/{way}"]["median"] < 0.02
+    assert got["paths"]["h2d"]["ce_sync"]["per_copy_us"] == pytest.approx(9.0, rel=0.1)
+    assert got["paths"]["d2d"]["gather"]["per_launch_us"] == pytest.approx(6.0, rel=0.25)
+    assert all(v >= 0 for ways in got["paths"].values() for terms in ways.values() for v in terms.values())
+
+
+def test_nnls_keeps_coefficients_non_negative():
+    x = np.column_stack([np.ones(5), np.arange(1, 6.0)])
+    t = 10.0 - np.arange(1, 6.0)  # best unconstrained slope is negative
+    c = fit.nnls_relative(x, t)
+    assert np.all(c >= 0)
+
+
+@pytest.mark.skipif(not H200_SAMPLES.exists(), reason="no committed H200 sample set")
+def test_fit_of_committed_h200_samples_matches_the_shipped_file():
+    record = json.loads(H200_SAMPLES.read_text())
+    samples = fileformat.samples_frame(record, str(H200_SAMPLES))
+    assert len(samples) > 1000
+    params = fit.fit(samples)
+    shipped = fileformat.plain_parameters(fileformat.load(H200))
+    for path, ways in shipped["paths"].items():
+        for way, terms in ways.items():
+            for term, value in terms.items():
+                assert params["paths"][path][way][term] == pytest.approx(value, rel=1e-3, abs=1e-3), (path, way, term)
+    # a real GPU's copies: bandwidths in the right ballpark, a good fit overall
+    assert 1000 < params["paths"]["d2d"]["ce_sync"]["gbps"] < 5000
+    assert 40 < params["paths"]["h2d"]["ce_sync"]["gbps"] < 64
+    assert params["fit_error"]["all"]["median"] < 0.10
+
+
+# ------------------------------------------------------------------------------------------ the file
+
+
+def test_calibration_file_of_another_schema_version_is_one_line_error(tmp_path):
+    record = json.loads(H200.read_text()) if H200.exists() else _published_record()
+    record["schema_version"] = 99
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps(record))
+    with pytest.raises(InputError, match="schema_version = 99") as err:
+        fileformat.load(bad)
+    assert "\n" not in str(err.value)
+    assert_one_line_error(expertsim("calibrate", "--from-samples", bad), "schema_version")
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda r: r.pop("schema"), "schema"),
+    (lambda r: r["parameters"]["paths"]["d2d"]["ce_sync"]["gbps"].update(value=-1), "must be > 0"),
+    (lambda r: r["parameters"]["paths"]["d2d"]["ce_sync"]["gbps"].update(unit="MB/s"), "unit"),
+    (lambda r: r.update(status="guessed"), "status"),
+])
+def test_damaged_calibration_files_are_refused(tmp_path, mutate, needle):
+    record = _published_record()
+    mutate(record)
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(InputError, match=needle):
+        fileformat.load(path)
+
+
+def test_missing_calibration_file_is_one_line_error(tmp_path):
+    with pytest.raises(InputError, match="no such calibration file"):
+        fileformat.load(tmp_path / "nope.json")
+
+
+def _published_record():
+    return json.loads((CAL_DIR / "rtx-5090.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["rtx-5090.json", "rtx-pro-6000.json"])
+def test_sm120_files_are_published_figures(name):
+    record = fileformat.load(CAL_DIR / name)
+    assert record["status"] == "published" and fileformat.PUBLISHED_NOTE in record["note"]
+    assert record["gpu"]["compute_capability"] == "12.0"
+    assert not record["samples"]["rows"]
+    params = fileformat.plain_parameters(record)
+    assert 50 < params["paths"]["h2d"]["ce_sync"]["gbps"] < 60
+
+
+@pytest.mark.parametrize("profile, cal", [("h200", "h200.json"), ("rtx-pro-6000-96gb", "rtx-pro-6000.json"),
+                                          ("rtx-5090-48gb-windows", "rtx-5090.json")])
+def test_hardware_profiles_reference_valid_calibration_files(profile, cal):
+    pytest.importorskip("pydantic")
+    from sim.model.hardware import load_hardware
+
+    hw = load_hardware(profile)
+    assert hw.calibration_path == (CAL_DIR / cal).resolve() and len(hw.calibration_sha256) == 64
+    assert fileformat.load_for_profile(hw)["gpu"]["name"]
+
+
+def test_profile_pointing_at_missing_calibration_is_one_line_error(tmp_path):
+    pytest.importorskip("pydantic")
+    from sim.model.hardware import load_hardware
+
+    text = (REPO / "scenarios" / "hardware" / "h200.toml").read_text()
+    text = text.replace('calibration = "calibration/h200.json"', 'calibration = "calibration/none.json"')
+    assert "calibration/none.json" in text
+    (tmp_path / "hw.toml").write_text(text)
+    with pytest.raises(InputError, match="none.json") as err:
+        load_hardware(tmp_path / "hw.toml")
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------- replay
+
+
+def ds4_like_plan(steps=4, hits=5, loaded=2, direct=1):
+    rows = []
+    for step in range(steps):
+        for part, b in (("gate", 1000), ("up", 1000), ("down", 1304)):
+            rows.append((step, "H2D", loaded, b, "file", f"slab:{part}"))
+            rows.append((step, "H2D", direct, b, "file", f"staging:{part}"))
+            rows.append((step, "D2D", hits + loaded, b, f"slab:{part}", f"staging:{part}"))
+        rows.append((step, "D2H", 1, 2048, "session", "parked"))
+    return pd.DataFrame(rows, columns=["step_id", "kind", "count", "bytes_each", "src", "dst"])
+
+
+def test_placement_reads_freshly_loaded_slots_and_packs_staging():
+    placement = Placement(ds4_like_plan(), min_cache_bytes=SMALL_CACHE)
+    assert placement.arenas[("dev", "slab:gate")].cache and not placement.arenas[("dev", "staging:gate")].cache
+    descs = placement.step_descriptors(placement.rows[placement.rows["step_id"] == 0], np.random.default_rng(0))
+    loads, direct, d2d = descs[0][1], descs[1][1], descs[2][1]
+    assert list(d2d[:2, 0]) == list(loads[:, 1])  # the two loaded experts are copied on from their slots
+    stage = placement.arenas[("dev", "staging:gate")]
+    assert sorted(np.concatenate([direct[:, 1], d2d[:, 1]]) - stage.base) == [stage.slot_words * i for i in range(8)]
+
+
+def test_gather_launches_respect_dependencies_and_stay_few():
+    placement = Placement(ds4_like_plan(), min_cache_bytes=SMALL_CACHE)
+    descs = placement.step_descriptors(placement.rows[placement.rows["step_id"] == 1], np.random.default_rng(1))
+    launches = gather_launches(descs)
+    assert [p for p, _ in launches] == ["h2d", "d2d", "d2h"]  # loads, then every slab->staging copy
+    rng = np.random.default_rng(2)
+    arenas = {m: rng.integers(0, 2**63, placement.words[m], dtype=np.uint64) for m in ("dev", "host")}
+    in_order = {k: v.copy() for k, v in arenas.items()}
+    reference_apply(in_order, [(p, d) for p, d, _, _ in descs])
+    grouped = {k: v.copy() for k, v in arenas.items()}
+    reference_apply(grouped, launches)
+    for m in arenas:
+        assert np.array_equal(in_order[m], grouped[m])
+
+
+def test_replay_in_simulator_verifies_bytes_and_reports_errors(tmp_path):
+    results = tmp_path / "run"
+    results.mkdir()
+    ds4_like_plan(steps=5).to_parquet(results / "copy_plan.parquet", index=False)
+    (results / "summary.json").write_text(json.dumps({"engine": "ds4", "variant": "pr504"}))
+    calibration = fileformat.load(H200) if H200.exists() else _published_record()
+    report = replay(results, calibration, verify_every=2, min_cache_bytes=SMALL_CACHE)
+    assert report["simulator"] and report["steps"] == 5 and report["verified_bytes"] > 0
+    ways = {row["way"] for row in report["summary"]}
+    assert ways == {"ce_sync", "gather"}
+    per = pd.DataFrame(report["per_step"])
+    assert len(per) == 10 and (per["predicted_us"] > 0).all()
+    assert set(per.loc[per["way"] == "gather", "calls"]) == {3}
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda f: f.drop(columns=["bytes_each"]), "columns"),
+    (lambda f: f.assign(kind="P2P"), "kind = P2P"),
+    (lambda f: f.assign(count=-1), "count"),
+])
+def test_bad_copy_plans_are_one_line_errors(tmp_path, mutate, needle):
+    results = tmp_path / "run"
+    results.mkdir()
+    mutate(ds4_like_plan(steps=1)).to_parquet(results / "copy_plan.parquet", index=False)
+    proc = expertsim("calibrate", "--replay", results, "--calibration", CAL_DIR / "rtx-5090.json")
+    assert_one_line_error(proc, needle)
+
+
+def test_replay_of_a_missing_folder_is_one_line_error(tmp_path):
+    assert_one_line_error(expertsim("calibrate", "--replay", tmp_path / "nope", "--calibration",
+                                    CAL_DIR / "rtx-5090.json"), "no such results folder")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.skipif(not H200_SAMPLES.exists(), reason="no committed H200 sample set")
+def test_cli_refits_recorded_samples_as_json(tmp_path):
+    out = tmp_path / "refit.json"
+    proc = expertsim("calibrate", "--from-samples", H200_SAMPLES, "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["gpu"]["name"] == "NVIDIA H200" and data["fit_error"]["all"]["median"] < 0.10
+    assert fileformat.load(out)["parameters"] == data["parameters"]
+
+
+def test_cli_calibrate_without_a_gpu_is_one_line_error():
+    if _gpu_present():
+        pytest.skip("a GPU is present: the command would measure it")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-m", "sim", "calibrate", "--json"], capture_output=True, text=True,
+                          env=env)
+    assert_one_line_error(proc, "calibrate")
+
+
+# --------------------------------------------------------------------------------------- real GPU only
+
+
+def _gpu_present() -> bool:
+    return shutil.which("nvidia-smi") is not None or Path("/dev/nvidiactl").exists()
+
+
+GPU_SCRIPT = r"""
+import json, numpy as np
+from sim.calibrate import cudaenv, sweep, fileformat
+from sim.calibrate.kernel import Backend, self_test
+cuda = cudaenv.require_gpu()
+assert not cudaenv.simulating()
+out = {}
+for mode in ("pointer", "dispatch"):
+    b = Backend(dev_words=1 << 22, host_words=1 << 21, launch_mode=mode)
+    out[mode] = self_test(b, np.random.default_rng(7), steps=3, n_desc=64, max_words=1 << 18)
+g = sweep.Grid(sizes_bytes=(1 << 20, 3 << 20), experts=(1, 4, 16), repeats=2, tune=False,
+               reference_bytes=64 << 20, event_reps=3)
+r = sweep.calibrate(g)
+rec = fileformat.build_record(r, "test", "0")
+fileformat.check(json.loads(json.dumps(fileformat.finite(rec))), "gpu-test")
+out["fit_median"] = rec["fit_error"]["all"]["median"]
+out["h2d_gbps"] = rec["parameters"]["paths"]["h2d"]["ce_sync"]["gbps"]["value"]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not _gpu_present(), reason="needs an NVIDIA GPU (skipped, never faked, without one)")
+def test_on_a_real_gpu_kernel_is_exact_and_calibration_is_sane():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", GPU_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    if proc.returncode != 0 and "numba-cuda" in proc.stderr and "not installed" in proc.stderr:
+        pytest.skip("numba-cuda is not installed")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["pointer"]["steps"] == 3 and out["dispatch"]["steps"] == 3
+    assert 20 < out["h2d_gbps"] < 80
