@@ -75,11 +75,9 @@ DEFAULT_MAX_CONTEXT_TOKENS = 262_144      # the #658 runs' context limit (seed);
 
 # -- prompt path --------------------------------------------------------------------------------------
 # Effective rate of the prompt path's copy stream for blobs in pageable host memory (stager memcpy into
-# pinned buffers + DMA), per box. ONE documented source: strata-engine.md §6 "PCIe B ~ 16 GB/s effective on
-# the 5090" (the rtx-5090-48gb-windows profile's h2d_pinned derivation points to it). §6 gives no
-# derivation; it may come from these same #658 runs, so the owned arm is not an independent check of it.
-# Other boxes: min(h2d_pinned, stager threads x memcpy) from the hardware profile.
-PROMPT_STREAM_GBPS_BY_BOX = {"rtx-5090-48gb-windows": 16.0}
+# pinned buffers + DMA): the hardware profile's pcie.stager_stream_gbps where the box has one (the #658
+# box: 16 GB/s from strata-engine.md §6, which gives no derivation and may come from the #658 runs, so the
+# owned arm is not an independent check of it); else min(h2d_pinned, stager threads x memcpy).
 HOST_HW_THREADS = 16                      # [E] the #658 box's CPU is not reported; >= 16 threads -> 4 stagers
 STAGER_THREADS_MIN, STAGER_THREADS_MAX = 2, 4   # max(2, min(4, hw / 4)), STRATA_STAGER_THREADS (§3.2)
 SHORT_READ_S_PER_TOKEN = 0.016            # decode-window reading of a short part, "about 16 ms/token" (§3.3)
@@ -149,8 +147,8 @@ class StrataEngine:
         self.stager_threads = threads if threads is not None else \
             max(STAGER_THREADS_MIN, min(STAGER_THREADS_MAX, HOST_HW_THREADS // 4))
         stager_memcpy = self.stager_threads * hw.host.memcpy_gbps.value * 1e9
-        box = PROMPT_STREAM_GBPS_BY_BOX.get(hw.name)
-        self.stream_pageable = min(box * 1e9 if box is not None else self.h2d_pinned, stager_memcpy)
+        measured = hw.pcie.stager_stream_gbps
+        self.stream_pageable = min(measured.value * 1e9 if measured is not None else self.h2d_pinned, stager_memcpy)
         self.ssd_stager = hw.ssd_read_gbps(self.stager_threads) * 1e9  # page faults of the stager threads
         self.ssd_qd1 = hw.ssd_read_gbps(1) * 1e9
         self.links = {

@@ -324,6 +324,9 @@ class Pcie(Strict):
     d2h_pageable_gbps: GBps
     # t(copy) = copy_fixed_latency_us + bytes / rate (hardware-and-gguf.md §0 rule 2)
     copy_fixed_latency_us: Micros
+    # Measured effective rate of an engine's stager path (pageable blobs memcpy'd into pinned buffers, then
+    # DMA'd), where one is known for this box; otherwise engines derive it from the figures above.
+    stager_stream_gbps: GBps | None = None
 
 
 class Ssd(Strict):
