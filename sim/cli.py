@@ -365,6 +365,64 @@ def calibrate(
     out.print(_table("hardware-profile fields these numbers stand for", tables["simulator_profile"], ["key", "value"]))
 
 
+# --- sweep ----------------------------------------------------------------------------------------
+
+SWEEP_COLUMNS = ("decode_tok_s", "prefill_tok_s", "decode_hit_rate", "ttft_s", "cache_slots", "lent_slots", "error")
+
+
+@app.command()
+def sweep(
+    scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
+    grid: list[str] = typer.Option(..., "--grid", help="KEY=v1,v2,... or KEY=start:stop:step (stop included); "
+                                                         "KEY a dotted scenario key, e.g. engine.flags.prefill-chunk"),
+    output: Path = typer.Option(..., "-o", "--output", help="results folder (Parquet, one file per point)"),
+    resume: bool = typer.Option(False, "--resume", help="continue a sweep in OUTPUT: skip the finished points"),
+    executor: str = typer.Option("processes", help="processes (local) or dask"),
+    scheduler: Optional[str] = typer.Option(None, help="Dask scheduler address (default: a LocalCluster)"),
+    workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Run a scenario over a grid of settings; each point's headline metrics go to a Parquet dataset."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    from sim.explore.sweep import HEADLINE as SWEEP_HEADLINE, expand_grid, load_sweep, open_results, run_sweep
+
+    points = expand_grid(scenario_path, grid)
+    if points:
+        open_results(output, points, resume)  # a folder of another sweep fails before the progress bar
+    if as_json:
+        result = run_sweep(points, output, executor=executor, workers=workers, scheduler=scheduler, resume=resume)
+    else:
+        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True)) as bar:
+            task = bar.add_task("sweep", total=len({p.point_id for p in points}))
+
+            def advance(row, finished, total):
+                bar.update(task, completed=finished, total=total)
+
+            result = run_sweep(points, output, executor=executor, workers=workers, scheduler=scheduler,
+                               resume=resume, progress=advance)
+    frame = load_sweep(output)
+    order = {p.point_id: i for i, p in reversed(list(enumerate(points)))}
+    frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
+    keys = list(points[0].overrides) if points else []
+    rows = json.loads(frame[["point_id", *keys, *SWEEP_HEADLINE, "scenario_hash", "error", "wall_s"]]
+                      .to_json(orient="records"))
+    if as_json:
+        _print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
+                     "resumed": len(result.resumed), "failed": len(result.failed), "rows": rows})
+        return
+    short = {k: k.rsplit(".", 1)[-1] for k in keys}
+    shown = [{**{short[k]: r[k] for k in keys}, **{c: r[c] for c in SWEEP_COLUMNS}} for r in rows]
+    for r in shown:
+        if r["error"] and len(r["error"]) > 60:
+            r["error"] = "..." + r["error"][-57:]
+    out.print(_table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
+                     f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
+                     shown, [*short.values(), *SWEEP_COLUMNS]))
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

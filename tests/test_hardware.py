@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -162,17 +163,22 @@ def test_missing_profile_and_bad_toml(tmp_path):
         load_hardware(tmp_path / "latin.toml")
 
 
-def test_calibration_file_is_resolved_next_to_the_profile_and_hashed(tmp_path):
+def test_calibration_file_is_resolved_next_to_the_profile_checked_and_hashed(tmp_path):
     text = BASE.replace('os = "linux"', 'os = "linux"\ncalibration = "cal/4090.json"')
     message = _error(tmp_path, text, "with-cal.toml")
     assert ": calibration = cal/4090.json: no such file" in message
     (tmp_path / "cal").mkdir()
-    (tmp_path / "cal" / "4090.json").write_text('{"fit": 1}')
+    shipped = (HARDWARE / "calibration" / "rtx-5090.json").read_bytes()
+    (tmp_path / "cal" / "4090.json").write_bytes(shipped)
     profile = load_hardware(tmp_path / "with-cal.toml")
     assert profile.calibration_path == (tmp_path / "cal" / "4090.json").resolve()
-    assert profile.calibration_sha256 == hashlib.sha256(b'{"fit": 1}').hexdigest()
-    (tmp_path / "cal" / "4090.json").write_text('{"fit": 2}')  # the profile text is unchanged
-    assert load_hardware(tmp_path / "with-cal.toml").calibration_sha256 != profile.calibration_sha256
+    assert profile.calibration_sha256 == hashlib.sha256(shipped).hexdigest()
+    # a calibration file of another schema version is refused when the profile loads
+    record = json.loads(shipped)
+    record["schema_version"] = 999
+    (tmp_path / "cal" / "4090.json").write_text(json.dumps(record))
+    with pytest.raises(InputError, match="schema_version = 999"):
+        load_hardware(tmp_path / "with-cal.toml")
 
 
 def test_profiles_are_frozen():

@@ -157,11 +157,26 @@ def finite(obj):
     return obj
 
 
+def dumps(record: dict) -> str:
+    """JSON text: indented, except the raw samples, one row per line (a file of 10,000 samples stays
+    readable and diffs line by line)."""
+    record = finite(record)
+    samples = record.get("samples") if isinstance(record.get("samples"), dict) else None
+    body = {k: v for k, v in record.items() if k != "samples"}
+    text = json.dumps(body, indent=1, allow_nan=False)
+    if samples is None:
+        return text + "\n"
+    rows = ",\n  ".join(json.dumps(r, allow_nan=False) for r in samples.get("rows", []))
+    tail = (f' "samples": {{\n  "columns": {json.dumps(samples.get("columns"))},\n  "rows": [\n  {rows}\n  ]\n }}'
+            if rows else f' "samples": {{"columns": {json.dumps(samples.get("columns"))}, "rows": []}}')
+    return text[:-2] + (",\n" if body else "\n") + tail + "\n}\n"
+
+
 def write(record: dict, path: str | Path) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(finite(record), indent=1, allow_nan=False) + "\n")
+        path.write_text(dumps(record))
     except OSError as exc:
         raise InputError(str(path), "output", str(path), f"cannot write: {exc.strerror}") from None
     return path

@@ -3,11 +3,12 @@
 Times are microseconds, sizes bytes, bandwidths GB/s (1e9 B/s; a D2D rate counts bytes copied, not read +
 written). Per path (d2d, h2d, d2h) and way of copying:
 
-    ce_sync   t = n * per_copy_us + bytes / gbps                          one cudaMemcpyAsync + sync per part
+    ce_sync   t = fixed_us + n * per_copy_us + bytes / gbps               one cudaMemcpyAsync + sync per part
     ce_batch  t = fixed_us + n * per_copy_us + bytes / gbps               n cudaMemcpyAsync, one sync
     gather    t = fixed_us + launches * per_launch_us + n * per_descriptor_us + bytes / gbps
 
-`n` counts copies (descriptors). The coefficients are non-negative and minimise the squared *relative*
+`n` counts copies (descriptors); fixed_us is paid once per step (the first call after the host did other
+work costs more than the next ones), per_launch_us once per kernel launch. The coefficients are non-negative and minimise the squared *relative*
 error over the per-configuration medians, so a 10 us step weighs as much as a 100 ms one. Also derived:
 `call_us[path]`, the host time of one cudaMemcpyAsync call (enqueue only), and `sync_us`, what a stream
 sync after each copy adds per copy: (t_ce_sync - t_ce_batch) / (n - 1) - call_us over host-to-device
@@ -23,7 +24,7 @@ import pandas as pd
 
 WAYS = ("ce_sync", "ce_batch", "gather")
 TERMS = {
-    "ce_sync": ("per_copy_us", "bytes"),
+    "ce_sync": ("fixed_us", "per_copy_us", "bytes"),
     "ce_batch": ("fixed_us", "per_copy_us", "bytes"),
     "gather": ("fixed_us", "per_launch_us", "per_descriptor_us", "bytes"),
 }
@@ -89,10 +90,8 @@ def predict_config(params: dict, path: str, way: str, n, size_bytes, launches=1)
     n = np.asarray(n, float)
     total = n * np.asarray(size_bytes, float)
     t = total / (p["gbps"] * 1e3)
-    if way == "ce_sync":
-        return n * p["per_copy_us"] + t
-    if way == "ce_batch":
-        return p["fixed_us"] + n * p["per_copy_us"] + t
+    if way in ("ce_sync", "ce_batch"):
+        return p.get("fixed_us", 0.0) + n * p["per_copy_us"] + t
     return p["fixed_us"] + np.asarray(launches, float) * p["per_launch_us"] + n * p["per_descriptor_us"] + t
 
 

@@ -13,14 +13,16 @@ Two ways to do a step's copies:
 - the engines' way (`run_ce`): one cudaMemcpyAsync per descriptor, optionally a stream sync after each (ds4
   syncs after every expert part);
 - the gather kernel (`run_gather`): per path, the step's descriptor table is written to pinned memory,
-  copied to the device and one kernel launch copies every descriptor; one sync at the end of the step.
+  copied to the device (or read by the kernel from pinned memory) and one kernel launch copies every
+  descriptor; one sync at the end of the step.
 
 Memory is two arenas of 8-byte words: `dev` (cudaMalloc) and `host` (pinned, mapped into the device's
 address space, so the kernel can read and write it and the copy engine can DMA it). Offsets are in words
 so every access is 8 bytes wide; callers round copy lengths up to whole words.
 
-On a GPU the timed paths call the driver directly (cuda.bindings: cuMemcpyAsync, cuStreamSynchronize) and
-launch a kernel compiled for raw pointers, so the Python cost per call stays near a microsecond. Under
+On a GPU the timed paths call the driver directly (cuda.bindings: cuMemcpyAsync, cuStreamSynchronize,
+cuLaunchKernel with a parameter block packed once) on a kernel compiled for raw pointers, so the Python cost
+per call stays near a microsecond; numba's own launch paths remain as fallbacks (LAUNCH_MODES). Under
 NUMBA_ENABLE_CUDASIM=1 the same kernel body runs in Numba's simulator on arrays, and copies go through the
 array API: slow, but byte-exact, which is what the tests check.
 """

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from sim.calibrate import cudaenv, fit
-from sim.calibrate.kernel import POISON, WORD, Backend
+from sim.calibrate.kernel import POISON, WORD, Backend, Variant
 from sim.errors import InputError
 
 MIB = 1 << 20
@@ -43,6 +43,7 @@ PLAN_COLUMNS = ("step_id", "kind", "count", "bytes_each", "src", "dst")
 SLOT_ALIGN_WORDS = 32
 MIN_CACHE_BYTES = {"dev": 256 * MIB, "host": 64 * MIB}  # random-slot arenas at least this large (L2 is 60 MB)
 WARMUP_STEPS = 3
+SIM_MAX_BYTES = 1 << 30  # Numba's simulator keeps the arenas in host memory and copies at Python speed
 
 
 def read_plan(results: str | Path) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
@@ -137,7 +138,8 @@ class Placement:
             for mem, limit in max_bytes.items():
                 if self.words[mem] * WORD > limit:
                     raise InputError("replay", f"{mem} memory", f"{self.words[mem] * WORD / GIB:.2f} GiB",
-                                     f"the plan's arenas need more than the {limit / GIB:.1f} GiB available")
+                                     f"the plan's arenas need more than the {limit / GIB:.1f} GiB available "
+                                     "(in Numba's simulator: replay small plans only)")
         self.rows = rows
 
     def step_descriptors(self, step_rows: pd.DataFrame, rng: np.random.Generator) -> list[tuple]:
@@ -274,11 +276,16 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     cudaenv.require_gpu()
     cuda_sim = cudaenv.simulating()
     free = None if cuda_sim else cudaenv.free_memory_bytes()
-    placement = Placement(plan, None if free is None else {"dev": 0.9 * free - 256 * MIB}, min_cache_bytes)
+    limit = {"dev": SIM_MAX_BYTES, "host": SIM_MAX_BYTES} if cuda_sim else {"dev": 0.9 * free - 256 * MIB}
+    placement = Placement(plan, limit, min_cache_bytes)
     step_ids = np.unique(placement.rows["step_id"].to_numpy())
     if max_steps is not None and len(step_ids) > max_steps:
         step_ids = step_ids[np.unique(np.linspace(0, len(step_ids) - 1, max_steps).round().astype(int))]
-    backend = Backend(dev_words=max(placement.words["dev"], 1024), host_words=max(placement.words["host"], 1024))
+    kernel = calibration.get("kernel") or {}
+    variants = {p: Variant(**v) for p, v in (kernel.get("variants") or {}).items()}
+    backend = Backend(dev_words=max(placement.words["dev"], 1024), host_words=max(placement.words["host"], 1024),
+                      variants=variants, launch_mode=kernel.get("launch_mode") or "raw",
+                      desc_in=kernel.get("desc_in") or "device")
     rng = np.random.default_rng(seed)
     pattern = rng.integers(1, 2**63, size=(1 << 20) + 3, dtype=np.uint64)
     backend.fill("dev", pattern)

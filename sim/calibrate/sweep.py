@@ -1,7 +1,9 @@
 """`expertsim calibrate`: measure every copy path on the current GPU, fit the cost model, check the speed rows.
 
 One run, in this order:
-1. the kernel self-test (random plans, poisoned outputs, every byte compared), both launch styles;
+1. the kernel self-test (random plans, poisoned outputs, every byte compared) for every way of launching
+   it (raw cuLaunchKernel, numba's compiled-kernel launch, numba's dispatcher; descriptors in device or
+   mapped memory); the way with the lowest host time for a small step (18 x 2 MiB) is kept;
 2. launch-shape tuning of the gather kernel per path (threads x unroll x blocks per multiprocessor), on
    1 GiB gathers, best median kept;
 3. references with CUDA events: one large device copy, one large pinned H2D and D2H copy, and the gather
@@ -40,6 +42,8 @@ SLAB_FACTOR = 1.25                                 # random source slots: the sl
 REFERENCE_BYTES = GIB                              # one large copy, and gathers of the same total
 EVENT_REPS = 10
 GATHER_SPLIT = 3                                   # the second launch count of gather samples
+SMALL_STEP_BYTES = 64 * MIB                        # steps up to this size get SMALL_STEP_REPEATS x the repeats
+SMALL_STEP_REPEATS = 3
 TARGET_GATHER_VS_COPY = 0.85                       # issue #4 speed rows
 TARGET_MAPPED_VS_PINNED = 0.90
 TUNING = (Variant(256, 4, 8), Variant(256, 8, 8), Variant(512, 4, 4), Variant(512, 8, 4),
@@ -304,7 +308,9 @@ def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFram
                 for n in grid.experts:
                     for launches in ((1, GATHER_SPLIT) if way == "gather" and n >= GATHER_SPLIT else (1,)):
                         configs.append((path, way, size, n, launches))
-    order = [(c, r) for c in configs for r in range(grid.repeats)]
+    # small steps are the noisy ones (a few microseconds of host jitter is a large fraction): repeat more
+    order = [(c, r) for c in configs
+             for r in range(grid.repeats * (SMALL_STEP_REPEATS if c[2] * c[3] <= SMALL_STEP_BYTES else 1))]
     rng.shuffle(order)
     # warm-up: every (path, way) once, so first-call costs stay out of the samples
     for path in grid.paths:
@@ -391,6 +397,10 @@ def calibrate(grid: Grid, log=lambda msg: None) -> SweepResult:
     layout = Layout.for_grid(grid)
     if not device["simulator"]:
         check_memory(layout)
+    elif (layout.dev_words + layout.host_words) * WORD > GIB:
+        raise InputError("calibrate", "simulator", f"{(layout.dev_words + layout.host_words) * WORD / GIB:.1f} GiB",
+                         "Numba's simulator runs tiny grids only: pass --sizes of a few KiB (e.g. 0.004) and "
+                         "few --experts")
     log(f"{device['name']} (cc {device['compute_capability']}): arenas {layout.dev_words * WORD / GIB:.2f} GiB "
         f"device, {layout.host_words * WORD / GIB:.2f} GiB pinned host")
     backend = Backend(dev_words=layout.dev_words, host_words=layout.host_words)

@@ -510,6 +510,9 @@ def load_hardware_file(path: Path) -> HardwareProfile:
         cal = cal if cal.is_absolute() else path.parent / cal
         if not is_file(cal):
             raise InputError(where, "calibration", profile.calibration, f"no such file ({cal})")
+        from sim.calibrate.fileformat import load as load_calibration
+
+        load_calibration(cal, f"{where}: calibration")  # another schema version is an error here, not later
         profile._calibration_path = cal.resolve()
         profile._calibration_sha256 = sha256_file(cal)
     return profile

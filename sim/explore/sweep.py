@@ -1,0 +1,484 @@
+"""Sweeps: run one scenario over a grid of settings, on local processes or a Dask cluster.
+
+    points = expand_grid("scenarios/ds4-504-per-class.toml",
+                         ["engine.flags.ssd-streaming-cache-experts=2048,4096,9472",
+                          "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB=8:16:4"])
+    result = run_sweep(points, "out/sweep", executor="processes", workers=4, resume=True)
+    frame = load_sweep("out/sweep")
+
+A grid key is a dotted path in the scenario's TOML spelling (`engine.flags.prefill-chunk`, `hardware`,
+`workload.requests.0.prompt_tokens`); values are `v1,v2,...` (each read as a TOML value, a bare word as a
+string) or `start:stop:step` (numbers, stop included). Where the schema expects a string (environment
+variables, variant, hardware, model...) a value is kept as the text typed. Every point is the scenario's TOML
+data with its overrides applied, loaded through `load_scenario`'s own checks.
+
+Results folder: manifest.json (base scenario hash, grids) and points/ID.parquet, one row per finished point,
+written atomically (tmp + rename) as soon as the point finishes, so an interrupted sweep loses nothing and
+`resume=True` skips every point already on disk. A point's ID hashes its overrides and the base scenario hash.
+A point that fails records its error (one line) and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+import os
+import threading
+import time
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from sim.errors import InputError
+
+SCHEMA = "expertsim.sweep/1"
+HEADLINE = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
+            "decode_tok_s", "decode_hit_rate", "ttft_s", "simulated_s")
+COUNTS = ("cache_slots", "lent_slots", "file_blob_reads")
+MAX_RANGE_VALUES = 100_000
+EXECUTORS = ("processes", "dask")
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_scenario_data(path: str | Path, data: dict):
+    """`load_scenario(path)` with `data` in place of the file's parsed TOML: the same checks, relative paths
+    resolved against the file's folder, errors naming `path`."""
+    import sim.scenario as scenario_module
+
+    frozen = copy.deepcopy(data)
+    with _LOAD_LOCK:
+        saved = scenario_module.read_toml
+        scenario_module.read_toml = lambda file, where=None: copy.deepcopy(frozen)
+        try:
+            return scenario_module.load_scenario(path)
+        finally:
+            scenario_module.read_toml = saved
+
+
+# --------------------------------------------------------------------------------------------- grids
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point: its overrides (dotted key -> value), the scenario data they give, its id."""
+
+    scenario_path: str
+    overrides: dict
+    data: dict
+    point_id: str
+    base_hash: str
+    scenario_hash: str | None = None
+    error: str | None = None  # the combination does not load (the loader's one-line error)
+
+
+def _split_key(key: str) -> list[str | int]:
+    parts: list[str | int] = []
+    for part in key.replace("[", ".").replace("]", "").split("."):
+        if part == "":
+            raise ValueError("empty part")
+        parts.append(int(part) if part.isascii() and part.isdigit() else part)
+    return parts
+
+
+def _set(data: dict, parts: list[str | int], value: Any, where: str, key: str) -> None:
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        here = ".".join(map(str, parts[:i])) or "(top level)"
+        if isinstance(node, list):
+            if not isinstance(part, int):
+                raise InputError(where, key, value, f"{here} is an array: index it with a number")
+            if part >= len(node):
+                raise InputError(where, key, value, f"{here} has {len(node)} entries (0..{len(node) - 1})")
+        elif isinstance(node, dict):
+            part = str(part)
+            if not last and part not in node:
+                node[part] = {}
+        else:
+            raise InputError(where, key, value, f"{here} is a value, not a table")
+        if last:
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def _base_types(annotation: Any) -> set:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _base_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_base_types(a) for a in typing.get_args(annotation) if a is not type(None)))
+    return {annotation}
+
+
+def _field(model, name: str):
+    for attr, info in model.model_fields.items():
+        if name in (attr, info.alias):
+            return info
+    return None
+
+
+def _expects_string(data: dict, parts: list[str | int]) -> bool:
+    """Whether the schema wants a string at `parts` (then the grid keeps the text as typed)."""
+    from sim.scenario import Ds4Engine, Request, Scenario, StrataEngine, TraceSource
+
+    head = [p for p in parts if not isinstance(p, int)]
+    if len(head) == 3 and head[:2] == ["engine", "env"]:
+        return True
+    engine = Ds4Engine if (data.get("engine") or {}).get("name") == "ds4" else StrataEngine
+    owner = {1: {(): Scenario}, 2: {("engine",): engine, ("trace",): TraceSource},
+             3: {("engine", "flags"): engine.model_fields["flags"].annotation,
+                 ("workload", "requests"): Request}}.get(len(head), {}).get(tuple(head[:-1]))
+    info = _field(owner, head[-1]) if owner is not None else None
+    return info is not None and _base_types(info.annotation) == {str}
+
+
+def _scalar(text: str) -> Any:
+    """A TOML value (2048, 1.5, true, "x"), else the bare text as a string."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    return value if isinstance(value, (bool, int, float, str)) else text
+
+
+def _number(text: str) -> int | float | None:
+    value = _scalar(text.strip())
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _range(spec: str, text: str, where: str, key: str) -> list | None:
+    parts = text.split(":")
+    if len(parts) != 3:
+        return None
+    start, stop, step = (_number(p) for p in parts)
+    if start is None or stop is None or step is None:
+        return None
+    if step == 0 or (stop - start) * step < 0:
+        raise InputError(where, key, text, "start:stop:step needs a step that goes from start towards stop")
+    count = int(math.floor((stop - start) / step + 1e-9)) + 1
+    if count > MAX_RANGE_VALUES:
+        raise InputError(where, key, text, f"{count} values; at most {MAX_RANGE_VALUES}")
+    if all(isinstance(v, int) for v in (start, stop, step)):
+        return [start + i * step for i in range(count)]
+    return [round(start + i * step, 12) for i in range(count)]
+
+
+def parse_grid(spec: str, data: dict, where: str = "--grid") -> tuple[str, list[str | int], list]:
+    """`key=v1,v2` or `key=start:stop:step` -> (key, key parts, values typed for the schema)."""
+    key, eq, text = spec.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise InputError(where, "--grid", spec, "write key=v1,v2,... or key=start:stop:step")
+    try:
+        parts = _split_key(key)
+    except ValueError:
+        raise InputError(where, "--grid", spec, "the key must be a dotted path such as engine.flags.prefill-chunk")
+    if isinstance(parts[0], int):
+        raise InputError(where, "--grid", spec, "the key must start with a name")
+    as_text = _expects_string(data, parts)
+    values = _range(spec, text.strip(), where, key)
+    if values is not None:
+        if as_text:
+            values = [str(v) for v in values]
+    else:
+        tokens = [t.strip() for t in text.split(",")]
+        if not text.strip() or any(t == "" for t in tokens):
+            raise InputError(where, key, text, "empty value; write key=v1,v2,... or key=start:stop:step")
+        values = []
+        for token in tokens:
+            value = _scalar(token)
+            values.append(value if isinstance(value, str) or not as_text else token)
+    unique = []
+    for v in values:
+        if not any(type(v) is type(u) and v == u for u in unique):
+            unique.append(v)
+    return key, parts, unique
+
+
+def _digest(payload: object) -> str:
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def point_id(base_hash: str, overrides: dict) -> str:
+    return _digest({"base_scenario": base_hash, "overrides": overrides})[:20]
+
+
+def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
+    """Every combination of the grids' values (the first grid varies slowest), each loaded and checked.
+
+    A bad key or a value of the wrong type -> InputError naming them. A combination that does not load while
+    its values load in others (a reserve too large for one of the GPUs, say) becomes a point with `error` set.
+    """
+    from sim.model.hardware import read_toml, validate
+    from sim.scenario import Scenario, load_scenario, scenario_hash
+
+    path = str(scenario_path)
+    base_hash = scenario_hash(load_scenario(path))
+    base = read_toml(Path(path), path)
+    dims: list[tuple[str, list, list]] = []
+    for spec in grids:
+        where = f"{path} --grid {spec.partition('=')[0].strip()}"
+        key, parts, values = parse_grid(spec, base, where)
+        if any(key == k for k, _, _ in dims):
+            raise InputError(where, "--grid", key, "given twice; put all its values in one --grid")
+        for value in values:  # the schema alone: unknown keys, wrong types
+            data = copy.deepcopy(base)
+            _set(data, parts, value, where, key)
+            validate(where, Scenario, data)
+        dims.append((key, parts, values))
+    points: list[Point] = []
+    worked: dict[tuple[str, str], bool] = {}
+    first_error: dict[tuple[str, str], InputError] = {}
+    for combo in itertools.product(*(values for _, _, values in dims)):
+        data = copy.deepcopy(base)
+        overrides = {}
+        for (key, parts, _), value in zip(dims, combo):
+            _set(data, parts, value, path, key)
+            overrides[key] = value
+        pid = point_id(base_hash, overrides)
+        try:
+            loaded = load_scenario_data(path, data)
+            point = Point(path, overrides, data, pid, base_hash, scenario_hash=scenario_hash(loaded))
+        except InputError as exc:
+            point = Point(path, overrides, data, pid, base_hash, error=str(exc))
+            for key, value in overrides.items():
+                first_error.setdefault((key, repr(value)), exc)
+        for key, value in overrides.items():
+            worked[(key, repr(value))] = worked.get((key, repr(value)), False) or point.error is None
+        points.append(point)
+    for (key, shown), ok in worked.items():
+        if not ok:  # a value no combination can load is a bad value, not a failing point
+            exc = first_error[(key, shown)]
+            raise InputError(f"{path} --grid {key}", exc.field, exc.value, exc.why)
+    return points
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500]
+
+
+def run_point(scenario_path: str, data: dict, overrides: dict, pid: str, scenario_hash: str | None) -> dict:
+    """Simulate one point (in a worker process): its result row, with `error` set if it failed."""
+    from sim.engine.run import run_scenario
+
+    start = time.perf_counter()
+    row: dict[str, Any] = {"point_id": pid, **overrides, "scenario_hash": scenario_hash}
+    try:
+        summary = run_scenario(load_scenario_data(scenario_path, data)).summary
+        row.update({k: summary.get(k) for k in HEADLINE})
+        row["error"] = None
+    except Exception as exc:  # noqa: BLE001 - a failing point records its error; the sweep goes on
+        row.update({k: None for k in HEADLINE})
+        row["error"] = _one_line(exc)
+    row["wall_s"] = time.perf_counter() - start
+    return row
+
+
+def _row_frame(row: dict, overrides: dict) -> pd.DataFrame:
+    frame = pd.DataFrame([{**row, "overrides": json.dumps(overrides, sort_keys=True)}])
+    for k in HEADLINE:
+        frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
+    frame["error"] = frame["error"].astype("string")
+    frame["scenario_hash"] = frame["scenario_hash"].astype("string")
+    return frame
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(str(path.parent), "output", str(path), f"cannot write: {exc.strerror}") from None
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    total: int
+    computed: list[str] = field(default_factory=list)  # ids simulated by this call
+    resumed: list[str] = field(default_factory=list)  # ids found on disk and skipped
+    failed: list[str] = field(default_factory=list)  # ids whose row has an error (this call's)
+
+    def frame(self) -> pd.DataFrame:
+        return load_sweep(self.out_dir)
+
+
+def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
+    """Check (or start) the results folder; the ids already finished there."""
+    base_hash, scenario = points[0].base_hash, points[0].scenario_path
+    manifest_path = out / "manifest.json"
+    point_dir = out / "points"
+    if manifest_path.exists():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            theirs = manifest["base_scenario_hash"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise InputError(str(out), "manifest.json", str(manifest_path), "unreadable sweep manifest") from None
+        if theirs != base_hash:
+            raise InputError(str(out), "manifest.base_scenario_hash", theirs,
+                             f"results of another scenario ({manifest.get('scenario')}); {scenario} hashes to "
+                             f"{base_hash}: choose another folder")
+        done = {p.stem for p in point_dir.glob("*.parquet")} if point_dir.is_dir() else set()
+        if done and not resume:
+            raise InputError(str(out), "output", str(out),
+                             f"holds {len(done)} points of this sweep already: pass --resume to continue it")
+        grids = manifest.get("grids", [])
+    else:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise InputError(str(out), "output", str(out), "not empty and not a sweep results folder "
+                                                           "(no manifest.json)")
+        done, grids = set(), []
+    keys = sorted({k for p in points for k in p.overrides})
+    if keys not in grids:
+        grids = [*grids, keys]
+    try:
+        point_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(str(out), "output", str(out), f"cannot create: {exc.strerror}") from None
+    manifest = {"schema": SCHEMA, "scenario": scenario, "base_scenario_hash": base_hash, "grids": grids}
+    _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
+    return done
+
+
+def _local(todo: list[Point], workers: int):
+    """Yield rows as processes finish them (spawned workers: numba and imports warm once per worker)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(run_point, p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash): p
+                   for p in todo}
+        for future in as_completed(futures):
+            yield futures[future], future
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _dask(todo: list[Point], workers: int, scheduler: str | None):
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise InputError("--executor", "executor", "dask",
+                         "needs dask[distributed]: pip install 'expertsim[cluster]'") from None
+    cluster = None
+    try:
+        if scheduler:
+            try:
+                client = Client(scheduler, timeout="20s")
+            except (OSError, TimeoutError) as exc:
+                raise InputError("--scheduler", "scheduler", scheduler, f"cannot connect: {_one_line(exc)}") from None
+        else:
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+            client = Client(cluster)
+        try:
+            futures = {client.submit(run_point, p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash,
+                                     key=f"expertsim-point-{p.point_id}", pure=False): p for p in todo}
+            for future in as_completed(futures):
+                yield futures[future], future
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "processes", workers: int | None = None,
+              scheduler: str | None = None, resume: bool = False,
+              progress: Callable[[dict, int, int], None] | None = None) -> SweepResult:
+    """Run the points, writing each one's row to out_dir/points/ID.parquet the moment it finishes.
+
+    `progress(row, finished, total)` is called after each point (finished counts resumed points too).
+    """
+    if executor not in EXECUTORS:
+        raise InputError("--executor", "executor", executor, f"must be one of: {', '.join(EXECUTORS)}")
+    if workers is not None and workers < 1:
+        raise InputError("--workers", "workers", workers, "must be >= 1")
+    out = Path(out_dir)
+    result = SweepResult(out, len(points))
+    if not points:
+        return result
+    if len({p.base_hash for p in points}) != 1:
+        raise ValueError("points of one sweep must share a base scenario")
+    done = open_results(out, points, resume)
+    point_dir = out / "points"
+    todo: list[Point] = []
+    seen: set[str] = set()
+    for p in points:
+        if p.point_id in seen:
+            continue
+        seen.add(p.point_id)
+        if p.point_id in done:
+            result.resumed.append(p.point_id)
+        else:
+            todo.append(p)
+    finished = len(result.resumed)
+
+    def record(point: Point, row: dict) -> None:
+        nonlocal finished
+        _atomic_write(point_dir / f"{point.point_id}.parquet",
+                      lambda path: _row_frame(row, point.overrides).to_parquet(path, index=False))
+        finished += 1
+        result.computed.append(point.point_id)
+        if row["error"] is not None:
+            result.failed.append(point.point_id)
+        if progress is not None:
+            progress(row, finished, len(seen))
+
+    runnable = []
+    for p in todo:
+        if p.error is not None:  # the combination does not load: record it, nothing to run
+            record(p, {"point_id": p.point_id, **p.overrides, "scenario_hash": None, **{k: None for k in HEADLINE},
+                       "error": p.error, "wall_s": 0.0})
+        else:
+            runnable.append(p)
+    if not runnable:
+        return result
+    workers = workers or min(os.cpu_count() or 1, len(runnable))
+    stream = _local(runnable, workers) if executor == "processes" else _dask(runnable, workers, scheduler)
+    for point, future in stream:
+        try:
+            row = future.result()
+        except Exception as exc:  # noqa: BLE001 - a worker that died: the point records it
+            row = {"point_id": point.point_id, **point.overrides, "scenario_hash": point.scenario_hash,
+                   **{k: None for k in HEADLINE}, "error": f"worker failed: {_one_line(exc)}", "wall_s": None}
+        record(point, row)
+    return result
+
+
+def load_sweep(out_dir: str | Path) -> pd.DataFrame:
+    """All finished points of a results folder, one row each (sorted by point id)."""
+    out = Path(out_dir)
+    if not (out / "manifest.json").is_file():
+        raise InputError(str(out), "path", str(out), "not a sweep results folder (no manifest.json)")
+    files = sorted((out / "points").glob("*.parquet"))
+    if not files:
+        return pd.DataFrame(columns=["point_id", "scenario_hash", *HEADLINE, "error", "wall_s", "overrides"])
+    frames = [pd.read_parquet(f) for f in files]
+    return pd.concat(frames, ignore_index=True).sort_values("point_id", ignore_index=True)
+
+
+__all__ = ["HEADLINE", "Point", "SweepResult", "expand_grid", "load_scenario_data", "load_sweep", "open_results",
+           "parse_grid",
+           "point_id", "run_point", "run_sweep"]
