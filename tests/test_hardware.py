@@ -186,3 +186,16 @@ def test_profiles_are_frozen():
     with pytest.raises(Exception):
         profile.os = "windows"
     assert isinstance(profile, HardwareProfile)
+
+
+def test_h200_copy_figures_are_the_measured_calibration():
+    """The H200 profile's copy costs are the ones `expertsim calibrate` measured, not estimates."""
+    profile = load_hardware("h200")
+    measured = json.loads(profile.calibration_path.read_text())["simulator_profile"]
+    for dotted, value in measured.items():
+        if dotted == "latency.kernel_launch_us":
+            continue  # launch cost of the replay kernel, not of the engines' kernels
+        section, field = dotted.split(".")
+        quantity = getattr(getattr(profile, section), field)
+        assert quantity.value == pytest.approx(value, abs=0.01), dotted
+        assert "expertsim calibrate" in quantity.source
