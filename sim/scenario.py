@@ -479,15 +479,18 @@ def _check_workload(s: Scenario, where: str) -> None:
         context[r.conversation] = r.prompt_tokens + r.decode_tokens
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read, validate and resolve a scenario file; any defect is a one-line InputError."""
+def load_scenario(path: str | Path, data: dict | None = None) -> Scenario:
+    """Read, validate and resolve a scenario file; any defect is a one-line InputError.
+
+    With `data`, that parsed TOML stands in for the file's (a sweep point): the same checks, relative
+    paths resolved against the file's folder, errors naming the file."""
     where = str(path)
     safe_path(where, "path", where)
     file = Path(path)
     if not is_file(file):
         raise InputError(where, "path", where, "no such file")
     base = file.resolve().parent
-    scenario: Scenario = validate(where, Scenario, read_toml(file, where))
+    scenario: Scenario = validate(where, Scenario, read_toml(file, where) if data is None else data)
     hw_path = resolve_hardware(scenario.hardware, base, where)
     profile = load_hardware_file(hw_path.resolve())
     layout = _resolve_model(scenario.model, base, where)

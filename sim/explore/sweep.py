@@ -26,7 +26,6 @@ import itertools
 import json
 import math
 import os
-import threading
 import time
 import tomllib
 import types
@@ -50,22 +49,11 @@ EXECUTORS = ("processes", "dask")
 # ------------------------------------------------------------------------------------------ loading
 
 
-_LOAD_LOCK = threading.Lock()
-
-
 def load_scenario_data(path: str | Path, data: dict):
-    """`load_scenario(path)` with `data` in place of the file's parsed TOML: the same checks, relative paths
-    resolved against the file's folder, errors naming `path`."""
-    import sim.scenario as scenario_module
+    """`load_scenario(path)` with `data` in place of the file's parsed TOML."""
+    from sim.scenario import load_scenario
 
-    frozen = copy.deepcopy(data)
-    with _LOAD_LOCK:
-        saved = scenario_module.read_toml
-        scenario_module.read_toml = lambda file, where=None: copy.deepcopy(frozen)
-        try:
-            return scenario_module.load_scenario(path)
-        finally:
-            scenario_module.read_toml = saved
+    return load_scenario(path, copy.deepcopy(data))
 
 
 # --------------------------------------------------------------------------------------------- grids
