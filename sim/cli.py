@@ -423,6 +423,40 @@ def sweep(
                      shown, [*short.values(), *SWEEP_COLUMNS]))
 
 
+@app.command()
+def plan(
+    scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
+    objective: Optional[str] = typer.Option(None, "--objective", help="summary metric to maximise, -METRIC to "
+                                            "minimise (default decode_tok_s for ds4, prefill_tok_s for Strata)"),
+    constraint: list[str] = typer.Option([], "--constraint", help="METRIC OP NUMBER, e.g. vram_free_mib>=2048"),
+    grid: list[str] = typer.Option([], "--grid", help="KEY=v1,v2,... candidates in place of the defaults"),
+    workers: int = typer.Option(1, help="processes to run the candidates on"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Recommend an engine's cache, reserve, prefill and buffer settings for a scenario, with the numbers why."""
+    from sim.explore.plan import NoFeasiblePlan, make_plan
+
+    try:
+        result = make_plan(scenario_path, objective, constraint, grid or None, workers=workers)
+    except NoFeasiblePlan as exc:
+        if as_json:
+            _print_json({**exc.plan.as_dict(), "error": str(exc)})
+        else:
+            click.echo(f"expertsim: plan: {exc}", err=True)
+        sys.exit(1)
+    payload = result.as_dict()
+    if as_json:
+        _print_json(payload)
+        return
+    out.print(f"plan for {scenario_path}: maximise {payload['objective']}"
+              + (f" subject to {', '.join(payload['constraints'])}" if payload["constraints"] else "")
+              + f" ({len(result.candidates)} candidates)")
+    out.print(_table("recommended", [{"key": k, "value": v, "scenario": result.base_settings.get(k)}
+                                     for k, v in payload["recommended"].items()], ["key", "value", "scenario"]))
+    for line in payload["explanations"]:
+        out.print(f"- {line}")
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

@@ -26,7 +26,7 @@ Everything here is serial on the host (the engine syncs after every part), so th
 the sum of its operations; the links keep the books per path (file, host memcpy, PCIe, D2D, compute).
 
 VRAM before the expert cache (free VRAM = VRAM - non-routed weights on the GPU - runtime overhead) is
-per model, each with its source (_resident_set): DeepSeek-V4-Flash is calibrated on the #503 log (96 GB
+per model, each with its source (resident_set): DeepSeek-V4-Flash is calibrated on the #503 log (96 GB
 card); GLM-5.2 is derived from its public geometry and the neutronstar 16 GB rig (glm52_non_routed_bytes).
 """
 
@@ -154,7 +154,7 @@ GLM52_HOST_PINNED_GIB = 8
 GLM52_RESIDENT_VRAM_GIB = 13
 
 
-def _resident_set(layout) -> ResidentSet:
+def resident_set(layout) -> ResidentSet:
     name = layout.name
     if name.startswith("deepseek-v4-flash"):
         return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, int(FLASH_RUNTIME_OVERHEAD_GIB * GIB),
@@ -205,7 +205,7 @@ class Ds4Engine:
         self.vram_total = int(hw.gpu.vram_gib.value * GIB)
         self.reserve_bytes = ds4_plan.vram_reserve_bytes(
             getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None), self.vram_total)
-        self.resident = _resident_set(layout)
+        self.resident = resident_set(layout)
         self.vram_free = self.vram_total - self.resident.vram_bytes
         pro = "pro" in layout.name
         self.chunk_default = DEFAULT_PREFILL_CHUNK_TOKENS_PRO if pro else DEFAULT_PREFILL_CHUNK_TOKENS

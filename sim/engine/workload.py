@@ -12,17 +12,25 @@ independent stream, a second trace of the same preset and sizes under a seed der
 (`mtp_seed`). Its decode rows are the MTP rows; its own prompt rows only warm its working-set state. So
 the MTP layer's statistics are borrowed from the last routed layer, and its choices are independent of the
 token's choices in the routed layers: an assumption, not a measurement.
+
+Memo: a sweep runs many points whose routing inputs are identical (only cache budgets, reserves, chunks...
+differ), so `workload_routing` keeps the last few routings of this process in a small LRU dict keyed by
+everything the routing depends on (`routing_key`). Its arrays are made read-only, so a caller cannot change
+what later callers get (see `_freeze`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from sim import __version__
 from sim.errors import InputError
 from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, read_trace
 
@@ -60,7 +68,72 @@ def mtp_seed(seed: int, request: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def workload_routing(scenario) -> WorkloadRouting:
+ROUTING_MEMO_SIZE = 4  # routings kept per process: a sweep varies one trace setting at a time, if any
+_ROUTING_MEMO: OrderedDict[tuple, WorkloadRouting] = OrderedDict()
+memo_stats = {"hits": 0, "misses": 0}
+
+
+def routing_key(scenario) -> tuple:
+    """Everything `_build_routing` reads: the trace source (generator preset, or the trace file's resolved
+    path with its size and modification time, so an edited file is read again), the seed, each request's
+    prompt and decode sizes, the model layout (its name and routed / MTP layer counts), whether MTP runs, and
+    the package version (a newer generator may draw differently)."""
+    trace = scenario.trace
+    if trace.path is not None:
+        path = Path(scenario.trace_path).resolve()
+        try:
+            stat = path.stat()
+            source = ("file", str(path), stat.st_size, stat.st_mtime_ns)
+        except OSError:  # missing: not memoised; read_trace reports it
+            source = ("file", str(path), None, None)
+    else:
+        source = ("generator", trace.generator)
+    sizes = tuple((r.prompt_tokens, r.decode_tokens) for r in scenario.workload.requests)
+    layout = scenario.layout
+    return (__version__, source, trace.seed, sizes, layout.name, layout.n_routed_layers, layout.n_mtp_layers,
+            runs_mtp(scenario))
+
+
+def _freeze(routing: WorkloadRouting) -> WorkloadRouting:
+    """Mark every array read-only. Why the memo is safe: routing is a pure function of `routing_key` (seeded
+    generator, or a file whose size and mtime are in the key); the dataclasses are frozen and their tuples
+    immutable; the arrays are fresh copies (boolean-mask cuts, np.ascontiguousarray) owned by this routing
+    alone, and read-only flags make any in-place write by an engine raise instead of leaking into the next
+    point. Numpy views taken from them (slices, concatenations) are new arrays or read-only views."""
+    for request in routing.requests:
+        for array in (request.prompt, request.decode, request.mtp):
+            if array is not None:
+                array.flags.writeable = False
+    return routing
+
+
+def clear_routing_memo() -> None:
+    _ROUTING_MEMO.clear()
+    memo_stats.update(hits=0, misses=0)
+
+
+def workload_routing(scenario, memo: bool = True) -> WorkloadRouting:
+    """The scenario's routing; with `memo`, served from this process's memo when the inputs match (module
+    docstring). The result is the same either way (tests/test_workload.py)."""
+    if not memo:
+        return _freeze(_build_routing(scenario))
+    key = routing_key(scenario)
+    if key[1][0] == "file" and key[1][2] is None:
+        return _freeze(_build_routing(scenario))
+    hit = _ROUTING_MEMO.get(key)
+    if hit is not None:
+        _ROUTING_MEMO.move_to_end(key)
+        memo_stats["hits"] += 1
+        return hit
+    memo_stats["misses"] += 1
+    routing = _freeze(_build_routing(scenario))
+    _ROUTING_MEMO[key] = routing
+    while len(_ROUTING_MEMO) > ROUTING_MEMO_SIZE:
+        _ROUTING_MEMO.popitem(last=False)
+    return routing
+
+
+def _build_routing(scenario) -> WorkloadRouting:
     from sim.trace.generate import generate_trace
 
     requests = scenario.workload.requests

@@ -68,6 +68,7 @@ def _scenario_rows() -> list[dict]:
     """Wall time of each seed scenario (routing built, engine simulated, summary made), best of 2, and
     the routed expert selections it simulated per second of wall time."""
     from sim.engine.run import run_scenario
+    from sim.engine.workload import clear_routing_memo
     from sim.scenario import load_scenario
 
     folder = Path(__file__).resolve().parents[2] / "scenarios"
@@ -78,7 +79,11 @@ def _scenario_rows() -> list[dict]:
             continue
         scenario = load_scenario(path)
         result = {}
-        seconds = _best_seconds(lambda: result.update(r=run_scenario(scenario)), repeats=2)
+        def run():  # the routing memo is emptied first: each timed run generates its routing, as a single run does
+            clear_routing_memo()
+            result.update(r=run_scenario(scenario))
+
+        seconds = _best_seconds(run, repeats=2)
         # accesses simulated: every routed (token, layer, k) selection the engine model processed
         lookups = int(result["r"].steps["tokens"].sum()) * scenario.layout.top_k
         rows.append(_row(f"run_{name}", round(seconds, 3), "s wall", "< 1", seconds < 1))
@@ -88,7 +93,57 @@ def _scenario_rows() -> list[dict]:
     return rows
 
 
-def run_bench(decode_tokens: int = 100_000) -> list[dict]:
+# The sweep benchmark (issue 5: 1,000 points on 2 cores in < 5 min, >= 1.7x from 1 to 2 workers): the seed
+# scenario ds4-504-per-class over 10 cache budgets x 10 VRAM reserves x 10 prefill chunks, each point a full
+# engine run (routing from the per-process memo after a worker's first point).
+SWEEP_SCENARIO = "ds4-504-per-class"
+SWEEP_GRIDS = ("engine.flags.ssd-streaming-cache-experts=1024,2048,3072,4096,5120,6144,7168,8192,9216,9472",
+               "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB=4:13:1",
+               "engine.flags.prefill-chunk=512:5120:512")
+SWEEP_WORKERS = 2
+
+
+def _sweep_points(n: int) -> list:
+    """n points of the benchmark grid, spread over it (every len/n-th point), in grid order."""
+    from sim.explore.sweep import expand_grid
+
+    points = expand_grid(Path(__file__).resolve().parents[2] / "scenarios" / f"{SWEEP_SCENARIO}.toml",
+                         list(SWEEP_GRIDS))
+    n = max(1, min(n, len(points)))
+    return [points[i * len(points) // n] for i in range(n)]
+
+
+def _sweep_seconds(points: list, workers: int) -> tuple[float, int]:
+    """Wall seconds of run_sweep on local processes (pool start-up included), and the failed points."""
+    from sim.explore.sweep import run_sweep
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        result = run_sweep(points, Path(tmp) / "sweep", executor="processes", workers=workers)
+        return time.perf_counter() - start, len(result.failed)
+
+
+def sweep_rows(n_points: int = 1000, speedup_points: int = 100) -> list[dict]:
+    """Rows of the sweep benchmark: `n_points` on SWEEP_WORKERS processes (target < 300 s for 1,000), and
+    the speed-up from 1 to 2 workers on the same `speedup_points` points (target >= 1.7)."""
+    start = time.perf_counter()
+    points = _sweep_points(n_points)
+    rows = [_row("sweep_expand", round(time.perf_counter() - start, 2), f"s to expand and load {len(points)} points")]
+    seconds, failed = _sweep_seconds(points, SWEEP_WORKERS)
+    rows.append(_row(f"sweep_{len(points)}_points", round(seconds, 1),
+                     f"s wall, {SWEEP_WORKERS} worker processes ({SWEEP_SCENARIO})", "< 300", seconds < 300))
+    rows.append(_row("sweep_failed_points", failed, "points", "0", failed == 0))
+    subset = _sweep_points(speedup_points)
+    one, _ = _sweep_seconds(subset, 1)
+    two, _ = _sweep_seconds(subset, 2)
+    speedup = one / two
+    rows.append(_row("sweep_speedup_1_to_2_workers", round(speedup, 2),
+                     f"x ({len(subset)} points: {one:.1f} s on 1 worker, {two:.1f} s on 2)", ">= 1.7",
+                     speedup >= 1.7))
+    return rows
+
+
+def run_bench(decode_tokens: int = 100_000, sweep: bool = True) -> list[dict]:
     rows = []
     start = time.perf_counter()
     trace = generate_trace(MODEL, PROMPT_TOKENS, decode_tokens, SEED)
@@ -128,6 +183,8 @@ def run_bench(decode_tokens: int = 100_000) -> list[dict]:
         same = round(miss_ratio * lookups) == ours["misses"]
         rows.append(_row("libcachesim_same_misses", same, "bool", "True", same))
     rows += _scenario_rows()
+    if sweep:
+        rows += sweep_rows()
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rows.append(_row("peak_rss", round(peak_mib, 1), "MiB"))
     return rows

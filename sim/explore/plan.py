@@ -1,0 +1,492 @@
+"""Plan: search an engine's own knobs for a scenario's hardware + model + workload (docs/plan.md).
+
+    plan = make_plan("scenarios/strata-658-borrow.toml", objective="prefill_tok_s",
+                     constraints=["vram_free_mib>=2048"])
+    plan.best.settings, plan.explanations
+
+Candidates come from `sweep.expand_grid` (the same `--grid KEY=...` spelling and checks); combinations that
+cannot load, and ones the pure memory planners show cannot fit (ds4: the reserve leaves no VRAM for a cache;
+Strata: the reserve exceeds the VRAM free at sizing), are pruned before running. Each remaining candidate is
+simulated with `run_scenario` (sequentially, or on spawned processes with workers > 1). Constraints filter,
+the objective ranks, ties go to the candidate that changes fewest settings of the scenario. Each recommended
+setting is explained by the candidates that differ from the recommendation in that setting only.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.errors import InputError
+
+MIB = 1 << 20
+GIB = 1 << 30
+WHERE = "plan"
+NO_DIFFERENCE = 0.03  # alternatives within 3 % of the objective are reported as "no difference"
+
+# Numeric summary keys of run_scenario, plus the VRAM metrics the plan derives from the step frame.
+SUMMARY_KEYS = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
+                "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate", "belady_gap",
+                "ttft_s", "simulated_s", "gpu_idle_s")
+DERIVED_KEYS = ("vram_peak_mib", "vram_free_mib")
+METRICS = SUMMARY_KEYS + DERIVED_KEYS
+DEFAULT_OBJECTIVE = {"ds4": "decode_tok_s", "strata": "prefill_tok_s"}
+
+OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
+       "=": operator.eq}
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|=|>|<)\s*(\S+)\s*$")
+
+# Knob keys (sweep grid keys) and their short names in explanations.
+DS4_VARIANT = "engine.variant"
+DS4_BUDGET = "engine.flags.ssd-streaming-cache-experts"
+DS4_RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
+DS4_CHUNK = "engine.flags.prefill-chunk"
+ST_CACHE = "engine.flags.expert-cache"
+ST_RESERVE = "engine.flags.vram-reserve-mib"
+ST_PREFILL = "engine.flags.prefill"
+ST_OWN = "engine.env.STRATA_PREFILL_OWN_AUTO"
+ST_NO_BORROW = "engine.flags.no-prefill-borrow"
+ST_HEADROOM = "engine.env.STRATA_RESIDENT_HEADROOM_GIB"
+ST_CONV = "engine.flags.conversation-cache-mib"
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+@dataclass(frozen=True)
+class Constraint:
+    key: str
+    op: str
+    bound: float
+    text: str
+
+    def ok(self, metrics: dict) -> bool:
+        value = metrics.get(self.key)
+        return value is not None and not _nan(value) and OPS[self.op](value, self.bound)
+
+    def shortfall(self, metrics: dict) -> float:
+        """How far a candidate misses this constraint, relative to the bound (0 when met)."""
+        if self.ok(metrics):
+            return 0.0
+        value = metrics.get(self.key)
+        if value is None or _nan(value):
+            return math.inf
+        return abs(value - self.bound) / max(abs(self.bound), 1.0) + 1e-9
+
+
+def _nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _known(key: str, option: str, text: str) -> None:
+    if key not in METRICS:
+        raise InputError(WHERE, option, text, f"unknown metric {key!r}; known: {', '.join(METRICS)}")
+
+
+def parse_constraint(text: str) -> Constraint:
+    """`decode_tok_s>=20`, `file_blob_reads<=0`, `vram_free_mib>=2048` -> Constraint; else a one-line InputError."""
+    m = _CONSTRAINT.match(text or "")
+    if not m:
+        raise InputError(WHERE, "--constraint", text, "write METRIC OP NUMBER, OP one of >= <= > < ==, "
+                                                       "e.g. decode_tok_s>=20")
+    key, op, number = m.groups()
+    _known(key, "--constraint", text)
+    try:
+        bound = float(number.replace("_", ""))
+    except ValueError:
+        raise InputError(WHERE, "--constraint", text, f"{number!r} is not a number") from None
+    if math.isnan(bound):
+        raise InputError(WHERE, "--constraint", text, "the bound must be a number")
+    return Constraint(key, op, bound, f"{key}{op}{number}")
+
+
+def parse_objective(text: str) -> tuple[str, int]:
+    """`decode_tok_s` (maximise) or `-ttft_s` (minimise) -> (key, sign)."""
+    text = (text or "").strip()
+    sign, key = (-1, text[1:].strip()) if text.startswith("-") else (1, text.lstrip("+").strip())
+    _known(key, "--objective", text)
+    return key, sign
+
+
+# ------------------------------------------------------------------------------------------ defaults
+
+
+def _get(data: dict, key: str):
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _values(base, *others) -> list:
+    out = [] if base is None else [base]
+    for v in others:
+        if not any(type(v) is type(u) and v == u for u in out):
+            out.append(v)
+    return out
+
+
+def _spec(key: str, values: list) -> str:
+    def show(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v)
+    return f"{key}={','.join(show(v) for v in values)}"
+
+
+def default_knobs(data: dict) -> tuple[list[tuple[str, list]], list[tuple[str, list]]]:
+    """(primary, secondary) knobs with their default candidates, the scenario's own value first.
+
+    Primary knobs are searched as a full grid; secondary ones one at a time from the best primary candidate.
+    """
+    engine = data.get("engine") or {}
+    name, variant = engine.get("name"), engine.get("variant")
+    if name == "ds4":
+        primary = []
+        if variant in ("pre-504", "pr504"):
+            primary.append((DS4_VARIANT, _values(variant, "pr504" if variant == "pre-504" else "pre-504")))
+        primary.append((DS4_BUDGET, _values(_get(data, DS4_BUDGET), "4096")))
+        secondary = [(DS4_RESERVE, _values(_get(data, DS4_RESERVE), "8", "16")),
+                     (DS4_CHUNK, _values(_get(data, DS4_CHUNK), 4096, 8192))]
+        return primary, secondary
+    cache = _get(data, ST_CACHE) or "auto"
+    primary = [(ST_CACHE, _values(cache, "auto", 5400) if cache == "auto" else _values(cache, "auto"))]
+    if variant == "fork-658":
+        primary.append((ST_OWN, _values(_get(data, ST_OWN), "1", "0")))
+    else:
+        primary.append((ST_NO_BORROW, _values(_get(data, ST_NO_BORROW) or False, True)))
+    primary.append((ST_PREFILL, _values(_get(data, ST_PREFILL) or "auto", 4096)))
+    secondary = [(ST_RESERVE, _values(_get(data, ST_RESERVE), 700, 1536)),
+                 (ST_HEADROOM, _values(_get(data, ST_HEADROOM), "4", "6")),
+                 (ST_CONV, _values(_get(data, ST_CONV), 0, 2048))]
+    return primary, secondary
+
+
+# ------------------------------------------------------------------------------------------- pruning
+
+
+def prune_reason(scenario) -> str | None:
+    """Why a loaded candidate cannot fit (the engines' pure memory planners), else None."""
+    eng = scenario.engine
+    vram_total = scenario.hardware_profile.vram_bytes
+    if eng.name == "ds4":
+        from sim.engine import ds4_plan
+        from sim.engine.ds4 import resident_set
+
+        try:
+            reserve = ds4_plan.vram_reserve_bytes(
+                getattr(eng.env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None), vram_total)
+            free = vram_total - resident_set(scenario.layout).vram_bytes
+        except (InputError, TypeError, AttributeError, ValueError):
+            return None
+        if free <= 0:
+            return None
+        budget = ds4_plan.live_budget(1, 1, free, reserve)
+        if budget.disabled:
+            return f"reserve {reserve / GIB:.1f} GiB >= {free / GIB:.1f} GiB free before the cache: no expert cache"
+        return None
+    from sim.engine.strata import NON_EXPERT_VRAM_BYTES
+
+    free = vram_total - NON_EXPERT_VRAM_BYTES
+    reserve = eng.flags.vram_reserve_mib * MIB
+    if reserve >= free:
+        return f"reserve {eng.flags.vram_reserve_mib} MiB >= {free / MIB:,.0f} MiB free at sizing: no expert cache"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+def evaluate(scenario_path: str, data: dict) -> dict:
+    """Simulate one candidate: its numeric summary metrics, the VRAM ones, its notices (or `error`)."""
+    from sim.engine.run import run_scenario
+    from sim.explore.sweep import load_scenario_data
+
+    try:
+        scenario = load_scenario_data(scenario_path, data)
+        result = run_scenario(scenario)
+    except Exception as exc:  # noqa: BLE001 - a failing candidate records its error; the plan goes on
+        text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+        return {"error": " ".join(text.split())[:300]}
+    s = result.summary
+    metrics = {k: (None if s.get(k) is None else float(s[k])) for k in SUMMARY_KEYS}
+    total = scenario.hardware_profile.vram_bytes
+    peak = float(result.steps["vram_used_bytes"].max()) if len(result.steps) else 0.0
+    metrics["vram_peak_mib"] = peak / MIB
+    metrics["vram_free_mib"] = (total - peak) / MIB
+    notices = list(dict.fromkeys(s["engine_state"].get("notices", [])))
+    return {"metrics": metrics, "notices": notices[:6], "error": None}
+
+
+@dataclass
+class Candidate:
+    settings: dict  # knob key -> value (every knob of the plan)
+    changed: int  # settings that differ from the scenario's own
+    metrics: dict | None = None
+    notices: list = field(default_factory=list)
+    error: str | None = None  # did not load / failed to run
+    pruned: str | None = None  # cannot fit (planner)
+    violations: list = field(default_factory=list)
+
+    @property
+    def ran(self) -> bool:
+        return self.metrics is not None
+
+    @property
+    def feasible(self) -> bool:
+        return self.ran and not self.violations
+
+    def as_dict(self) -> dict:
+        return {"settings": self.settings, "metrics": self.metrics, "violations": self.violations,
+                "error": self.error, "pruned": self.pruned, "notices": self.notices}
+
+
+def _run_all(path: str, points, workers: int) -> list[dict]:
+    if workers <= 1 or len(points) <= 1:
+        return [evaluate(path, p.data) for p in points]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(points)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(evaluate, [path] * len(points), [p.data for p in points]))
+
+
+# ------------------------------------------------------------------------------------------- the plan
+
+
+class NoFeasiblePlan(Exception):
+    """No candidate meets the constraints: carries the plan with its closest candidates."""
+
+    def __init__(self, plan: "Plan"):
+        self.plan = plan
+        by_text = {c.text: c for c in plan.constraints}
+        shown = "; ".join(f"{_settings_text(c.settings, plan.base_settings)} misses "
+                          + ", ".join(f"{v} ({_num(c.metrics.get(by_text[v].key), by_text[v].key)})"
+                                      for v in c.violations) for c in plan.closest[:3])
+        if not plan.closest:
+            shown = "no candidate ran"
+        super().__init__(f"no candidate meets {', '.join(c.text for c in plan.constraints)}; closest: {shown}")
+
+
+@dataclass
+class Plan:
+    scenario: str
+    engine: str
+    objective: str
+    sign: int
+    constraints: list[Constraint]
+    knobs: list[str]
+    base_settings: dict
+    candidates: list[Candidate]
+    best: Candidate | None = None
+    explanations: list[str] = field(default_factory=list)
+    closest: list[Candidate] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        obj = ("-" if self.sign < 0 else "") + self.objective
+        return {"scenario": self.scenario, "engine": self.engine, "objective": obj,
+                "constraints": [c.text for c in self.constraints], "knobs": self.knobs,
+                "feasible": self.best is not None,
+                "recommended": None if self.best is None else self.best.settings,
+                "metrics": None if self.best is None else self.best.metrics,
+                "changes": {} if self.best is None else {k: v for k, v in self.best.settings.items()
+                                                         if self.base_settings.get(k) != v},
+                "explanations": self.explanations,
+                "closest": [c.as_dict() for c in self.closest],
+                "candidates": [c.as_dict() for c in self.candidates]}
+
+
+def _key_of(settings: dict, knobs: list[str]) -> tuple:
+    return tuple(repr(settings.get(k)) for k in knobs)
+
+
+def _expand(path: str, base: dict, knobs: list[tuple[str, list]], base_settings: dict, workers: int,
+            constraints: list[Constraint], seen: dict) -> list[Candidate]:
+    from sim.explore.sweep import expand_grid
+
+    points = expand_grid(path, [_spec(k, v) for k, v in knobs])
+    keys = [k for k, _ in knobs]
+    fresh, todo = [], []
+    for p in points:
+        settings = {**base_settings, **p.overrides}
+        ident = _key_of(settings, list(settings))
+        if ident in seen:
+            continue
+        cand = Candidate(settings, sum(base_settings.get(k) != settings.get(k) for k in keys))
+        seen[ident] = cand
+        fresh.append(cand)
+        if p.error is not None:
+            cand.error = p.error
+            continue
+        from sim.explore.sweep import load_scenario_data
+
+        cand.pruned = prune_reason(load_scenario_data(path, p.data))
+        if cand.pruned is None:
+            todo.append((cand, p))
+    for (cand, _), row in zip(todo, _run_all(path, [p for _, p in todo], workers)):
+        cand.error = row.get("error")
+        if cand.error is None:
+            cand.metrics, cand.notices = row["metrics"], row["notices"]
+            cand.violations = [c.text for c in constraints if not c.ok(cand.metrics)]
+    return fresh
+
+
+def _score(c: Candidate, key: str, sign: int) -> float:
+    value = c.metrics.get(key)
+    return -math.inf if value is None or _nan(value) else sign * value
+
+
+def _pick(cands: list[Candidate], key: str, sign: int) -> Candidate | None:
+    feasible = [c for c in cands if c.feasible]
+    if not feasible:
+        return None
+    top = max(_score(c, key, sign) for c in feasible)
+    tol = 1e-9 * max(abs(top), 1.0) if math.isfinite(top) else 0.0
+    return min((c for c in feasible if _score(c, key, sign) >= top - tol), key=lambda c: c.changed)
+
+
+def make_plan(scenario_path: str | Path, objective: str | None = None, constraints: list[str] | None = None,
+              grids: list[str] | None = None, workers: int = 1) -> Plan:
+    """Search the knobs (the default candidates, or `grids`), apply the constraints, maximise the objective.
+
+    Raises InputError for bad input, NoFeasiblePlan when no candidate meets the constraints.
+    """
+    from sim.explore.sweep import parse_grid
+    from sim.model.hardware import read_toml
+    from sim.scenario import load_scenario
+
+    path = str(scenario_path)
+    parsed = [parse_constraint(c) for c in constraints or []]
+    load_scenario(path)  # a bad scenario fails first, with the loader's own line
+    base = read_toml(Path(path), path)
+    engine = (base.get("engine") or {}).get("name")
+    key, sign = parse_objective(objective or DEFAULT_OBJECTIVE.get(engine, "decode_tok_s"))
+    if grids:
+        primary = []
+        for spec in grids:
+            k, _, values = parse_grid(spec, base, f"{path} --grid {spec.partition('=')[0].strip()}")
+            primary.append((k, values))
+        secondary: list[tuple[str, list]] = []
+    else:
+        primary, secondary = default_knobs(base)
+    knobs = [k for k, _ in primary + secondary]
+    base_settings = {k: _get(base, k) for k in knobs}
+    seen: dict = {}
+    # stage 1: the primary knobs as a full grid, the secondary ones at their first candidate
+    stage1 = primary + [(k, v[:1]) for k, v in secondary]
+    cands = _expand(path, base, stage1, base_settings, workers, parsed, seen)
+    best = _pick(cands, key, sign)
+    # stage 2: each secondary knob alone, from the best of stage 1 (or the scenario's own settings)
+    anchor = best.settings if best is not None else {**base_settings, **{k: v[0] for k, v in secondary}}
+    for k, values in secondary:
+        fixed = [(kk, [anchor[kk]]) for kk in knobs if kk != k and anchor.get(kk) is not None]
+        cands += _expand(path, base, [*fixed, (k, values)], base_settings, workers, parsed, seen)
+    plan = Plan(path, engine, key, sign, parsed, knobs, base_settings, cands)
+    plan.best = _pick(cands, key, sign)
+    if plan.best is None:
+        ran = [c for c in cands if c.ran]
+        plan.closest = sorted(ran, key=lambda c: (sum(x.shortfall(c.metrics) for x in parsed),
+                                                  -_score(c, key, sign)))[:5]
+        raise NoFeasiblePlan(plan)
+    plan.explanations = explain(plan)
+    return plan
+
+
+# ---------------------------------------------------------------------------------------- explaining
+
+LABELS = {
+    (DS4_VARIANT, "pr504"): "per-class caches (pr504)", (DS4_VARIANT, "pre-504"): "one slab (pre-504)",
+    (ST_OWN, "1"): "own buffers", (ST_OWN, "0"): "borrowed buffers",
+    (ST_NO_BORROW, True): "own buffers", (ST_NO_BORROW, False): "borrowed buffers",
+}
+NAMES = {DS4_VARIANT: "variant", DS4_BUDGET: "expert budget", DS4_RESERVE: "VRAM reserve (GiB)",
+         DS4_CHUNK: "prefill chunk", ST_CACHE: "expert cache", ST_RESERVE: "VRAM reserve (MiB)",
+         ST_PREFILL: "prefill chunk", ST_OWN: "own vs borrow", ST_NO_BORROW: "own vs borrow",
+         ST_HEADROOM: "RAM headroom (GiB)", ST_CONV: "conversation cache (MiB)"}
+UNITS = {"decode_tok_s": "tok/s decode", "prefill_tok_s": "tok/s prefill", "ttft_s": "s TTFT",
+         "vram_free_mib": "MiB VRAM free", "file_blob_reads": "file-blob reads"}
+
+
+def _label(key: str, value) -> str:
+    return LABELS.get((key, value), f"{key.rsplit('.', 1)[-1]}={value}")
+
+
+def _num(value, metric: str) -> str:
+    if value is None or _nan(value):
+        return "-"
+    if metric in ("decode_hit_rate", "prefill_hit_rate"):
+        return f"{value:.1%}"
+    if abs(value) >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def _settings_text(settings: dict, base: dict) -> str:
+    changed = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in settings.items() if base.get(k) != v]
+    return "{" + (", ".join(changed) or "the scenario's own settings") + "}"
+
+
+def explain(plan: Plan) -> list[str]:
+    """One line per knob: the recommendation against the candidates that differ from it in that knob only."""
+    best, key = plan.best, plan.objective
+    lines = []
+    for knob in plan.knobs:
+        alts = [c for c in plan.candidates if c is not best and c.settings.get(knob) != best.settings.get(knob)
+                and all(c.settings.get(k) == best.settings.get(k) for k in plan.knobs if k != knob)]
+        name = NAMES.get(knob, knob)
+        chosen = _label(knob, best.settings.get(knob))
+        keep = " (the scenario's own)" if plan.base_settings.get(knob) == best.settings.get(knob) else ""
+        if not alts:
+            lines.append(f"{name}: {chosen}{keep}: no alternative was run")
+            continue
+        parts = []
+        for alt in alts:
+            other = _label(knob, alt.settings.get(knob))
+            if not alt.ran:
+                parts.append(f"{other} {'cannot fit: ' + alt.pruned if alt.pruned else 'failed: ' + str(alt.error)}")
+                continue
+            parts.append(_compare(best, alt, other, key, plan))
+        lines.append(f"{name}: {chosen}{keep}: " + "; ".join(parts))
+    return lines
+
+
+def _compare(best: Candidate, alt: Candidate, other: str, key: str, plan: Plan) -> str:
+    b, a = best.metrics, alt.metrics
+    unit = UNITS.get(key, key)
+    bv, av = b.get(key), a.get(key)
+    rel = abs(bv - av) / max(abs(bv), abs(av), 1e-12) if None not in (bv, av) else math.inf
+    text = f"{_num(bv, key)} vs {_num(av, key)} {unit} ({other})"
+    if rel <= NO_DIFFERENCE:
+        text = f"no {key} difference within 3 % vs {other}: {_num(bv, key)} vs {_num(av, key)} {unit}"
+    extra = []
+    for m in ("decode_tok_s", "prefill_tok_s", "file_blob_reads", "lent_slots", "prefill_buffer_mib",
+              "vram_free_mib"):
+        if m == key or b.get(m) is None or a.get(m) is None:
+            continue
+        if abs(b[m] - a[m]) > 1e-6 * max(abs(b[m]), abs(a[m]), 1.0) and (m != "prefill_buffer_mib"):
+            extra.append(f"{_num(b[m], m)} vs {_num(a[m], m)} {UNITS.get(m, m)}")
+    if extra:
+        text += " with " + ", ".join(extra)
+    if alt.violations:
+        text += f"; {other} misses {', '.join(alt.violations)}"
+    if best.settings != alt.settings and _owns(best) and not _owns(alt):
+        text += (f"; {b['prefill_buffer_mib']:,.0f} MiB of spare VRAM pays for the owned buffers "
+                 f"({b['vram_free_mib']:,.0f} MiB still free)")
+    return text
+
+
+def _owns(c: Candidate) -> bool:
+    m = c.metrics or {}
+    return (m.get("lent_slots") == 0 and (m.get("prefill_buffer_mib") or 0) > 0
+            and (c.settings.get(ST_OWN) == "1" or c.settings.get(ST_NO_BORROW) is True))
+
+
+__all__ = ["Constraint", "DEFAULT_OBJECTIVE", "METRICS", "NoFeasiblePlan", "Plan", "default_knobs", "evaluate",
+           "explain", "make_plan", "parse_constraint", "parse_objective", "prune_reason"]

@@ -1,0 +1,87 @@
+"""expertsim plan: constraint parsing, the seeds' conclusions, the CLI (small candidate sets, < 60 s)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sim.errors import InputError
+from sim.explore.plan import NoFeasiblePlan, make_plan, parse_constraint, parse_objective
+
+OWN = "engine.env.STRATA_PREFILL_OWN_AUTO=0,1"
+
+
+def test_constraint_parsing():
+    c = parse_constraint("decode_tok_s>=20")
+    assert (c.key, c.op, c.bound) == ("decode_tok_s", ">=", 20.0)
+    assert c.ok({"decode_tok_s": 20.0}) and not c.ok({"decode_tok_s": 19.9})
+    c = parse_constraint(" file_blob_reads <= 0 ")
+    assert c.ok({"file_blob_reads": 0.0}) and not c.ok({"file_blob_reads": 1.0})
+    assert parse_constraint("vram_free_mib>2048").op == ">"
+    assert parse_objective("-ttft_s") == ("ttft_s", -1)
+    assert parse_objective("prefill_tok_s") == ("prefill_tok_s", 1)
+
+
+@pytest.mark.parametrize("text, named", [("foo>=1", "foo"), ("decode_tok_s>>1", ">1"), ("decode_tok_s", "OP"),
+                                         ("decode_tok_s>=fast", "fast"), ("", "METRIC")])
+def test_bad_constraints(text, named):
+    with pytest.raises(InputError) as err:
+        parse_constraint(text)
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_objective():
+    with pytest.raises(InputError, match="unknown metric 'nope'"):
+        parse_objective("-nope")
+
+
+def test_ds4_slab_recommends_per_class_caches():
+    plan = make_plan("scenarios/ds4-504-slab.toml", grids=["engine.variant=pre-504,pr504"])
+    assert plan.objective == "decode_tok_s"
+    assert plan.best.settings["engine.variant"] == "pr504"
+    line = plan.explanations[0]
+    assert "per-class caches" in line and "one slab" in line and "tok/s decode" in line
+    assert plan.best.metrics["decode_tok_s"] > 5 * min(c.metrics["decode_tok_s"] for c in plan.candidates)
+
+
+def test_strata_capped_cache_recommends_own_buffers():
+    plan = make_plan("scenarios/strata-658-borrow.toml", grids=[OWN], constraints=["vram_free_mib>=2048"])
+    assert plan.objective == "prefill_tok_s"
+    assert plan.best.settings["engine.env.STRATA_PREFILL_OWN_AUTO"] == "1"
+    m = plan.best.metrics
+    assert m["file_blob_reads"] == 0 and m["lent_slots"] == 0 and m["vram_free_mib"] >= 2048
+    line = plan.explanations[0]
+    assert "own buffers" in line and "file-blob reads" in line and "spare VRAM pays" in line
+
+
+def test_strata_auto_cache_own_vs_borrow_makes_no_difference():
+    plan = make_plan("scenarios/strata-658-auto-borrow.toml", grids=[OWN])
+    rates = [c.metrics["prefill_tok_s"] for c in plan.candidates]
+    assert max(rates) / min(rates) - 1 < 0.03
+    assert plan.best.settings["engine.env.STRATA_PREFILL_OWN_AUTO"] == "0"  # ties keep the scenario's own
+    assert "no prefill_tok_s difference within 3 %" in plan.explanations[0]
+
+
+def test_impossible_constraint_lists_the_closest():
+    with pytest.raises(NoFeasiblePlan) as err:
+        make_plan("scenarios/strata-658-borrow.toml", grids=[OWN], constraints=["prefill_tok_s>=100000"])
+    assert err.value.plan.closest and "closest" in str(err.value) and "prefill_tok_s>=100000" in str(err.value)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sim", "plan", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_json_and_exit_codes():
+    r = _cli("scenarios/strata-658-borrow.toml", "--grid", OWN, "--constraint", "file_blob_reads<=0", "--json")
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert payload["recommended"]["engine.env.STRATA_PREFILL_OWN_AUTO"] == "1"
+    assert payload["changes"] == {"engine.env.STRATA_PREFILL_OWN_AUTO": "1"} and payload["explanations"]
+    r = _cli("scenarios/strata-658-borrow.toml", "--grid", OWN, "--constraint", "decode_tok_s>=100000", "--json")
+    assert r.returncode == 1
+    payload = json.loads(r.stdout)
+    assert payload["feasible"] is False and payload["closest"] and "closest" in payload["error"]
+    r = _cli("scenarios/strata-658-borrow.toml", "--constraint", "bogus>=1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "bogus" in r.stderr

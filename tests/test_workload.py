@@ -1,0 +1,91 @@
+"""The per-process routing memo: a hit returns the same (read-only) routing, and runs give the same results
+with and without it. Also the sweep benchmark's function on a tiny grid."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sim.engine.run as run_module
+from sim.engine import workload
+from sim.engine.run import run_scenario
+from sim.engine.workload import clear_routing_memo, memo_stats, routing_key, workload_routing
+from sim.explore.sweep import load_scenario_data
+from sim.model.hardware import read_toml
+from sim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+PER_CLASS = SCENARIOS / "ds4-504-per-class.toml"
+
+
+def _variant(**changes):
+    data = read_toml(PER_CLASS, str(PER_CLASS))
+    for path, value in changes.items():
+        node = data
+        *head, last = path.split(".")
+        for part in head:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[last] = value
+    return load_scenario_data(str(PER_CLASS), data)
+
+
+def test_memo_hits_on_identical_trace_settings_and_freezes_the_arrays():
+    clear_routing_memo()
+    scenario = load_scenario(PER_CLASS)
+    first = workload_routing(scenario)
+    assert memo_stats == {"hits": 0, "misses": 1}
+    # another cache budget and reserve: same routing inputs, so the same routing object
+    other = _variant(**{"engine.flags.ssd-streaming-cache-experts": "2048",
+                        "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB": "8"})
+    assert routing_key(other) == routing_key(scenario)
+    assert workload_routing(other) is first
+    assert memo_stats == {"hits": 1, "misses": 1}
+    for request in first.requests:
+        assert not request.prompt.flags.writeable and not request.decode.flags.writeable
+    with pytest.raises(ValueError):
+        first.requests[0].decode[0, 0, 0] = 1  # a caller cannot change what the next point gets
+    fresh = workload_routing(scenario, memo=False)
+    assert fresh is not first and fresh.sha256 == first.sha256
+    for a, b in zip(fresh.requests, first.requests):
+        assert np.array_equal(a.prompt, b.prompt) and np.array_equal(a.decode, b.decode)
+
+
+def test_memo_misses_when_a_routing_input_changes():
+    clear_routing_memo()
+    base = workload_routing(load_scenario(PER_CLASS))
+    seed = workload_routing(_variant(**{"trace.seed": 1}))
+    size = workload_routing(_variant(**{"workload.requests.0.prompt_tokens": 1000}))
+    assert memo_stats == {"hits": 0, "misses": 3}
+    assert len({base.sha256, seed.sha256, size.sha256}) == 3
+    assert len(size.requests[0].prompt) == 1000
+
+
+def test_memo_is_bounded():
+    clear_routing_memo()
+    for seed in range(workload.ROUTING_MEMO_SIZE + 2):
+        workload_routing(_variant(**{"trace.seed": seed, "workload.requests.0.prompt_tokens": 64}))
+    assert len(workload._ROUTING_MEMO) == workload.ROUTING_MEMO_SIZE
+
+
+def test_runs_are_identical_with_and_without_the_memo(monkeypatch):
+    scenarios = [load_scenario(PER_CLASS),
+                 _variant(**{"engine.flags.ssd-streaming-cache-experts": "4096", "engine.flags.prefill-chunk": 1024})]
+    clear_routing_memo()
+    with_memo = [json.dumps(run_scenario(s).summary, sort_keys=True, default=str) for s in scenarios * 2]
+    assert memo_stats["hits"] == 3 and memo_stats["misses"] == 1
+    monkeypatch.setattr(run_module, "workload_routing", lambda s: workload_routing(s, memo=False))
+    without = [json.dumps(run_scenario(s).summary, sort_keys=True, default=str) for s in scenarios * 2]
+    assert with_memo == without
+    assert with_memo[0] == with_memo[2] and with_memo[0] != with_memo[1]
+
+
+def test_sweep_bench_rows_on_a_tiny_grid():
+    from sim.explore.bench import sweep_rows
+
+    rows = {r["name"]: r for r in sweep_rows(n_points=4, speedup_points=2)}
+    assert set(rows) == {"sweep_expand", "sweep_4_points", "sweep_failed_points", "sweep_speedup_1_to_2_workers"}
+    assert rows["sweep_failed_points"]["value"] == 0
+    assert rows["sweep_4_points"]["target"] == "< 300" and rows["sweep_4_points"]["value"] > 0
+    assert rows["sweep_speedup_1_to_2_workers"]["target"] == ">= 1.7"
+    assert all(set(r) == {"name", "value", "unit", "target", "met"} for r in rows.values())
