@@ -10,8 +10,6 @@ comes from the fork's own I/O stack (io_uring, host LFU cache, backfill), which 
 test_report_decode_tok_s prints the simulated figures and their error against it.
 """
 
-import json
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -98,18 +96,6 @@ def test_the_slab_flushes_at_every_class_change(slab):
     assert state["slab_size_changes"]["decode"] == 2 * decode_tokens - 1
     assert state["flushes_per_pool"] == [2 * decode_tokens - 1]  # each change released a slab holding experts
     assert decode_steps(slab, mtp=True)["hits"].sum() == 0  # the MTP class never survives to its next visit
-
-
-def test_per_class_and_slab_differ_only_in_the_variant():
-    def flat(node, prefix=()):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                yield from flat(value, (*prefix, key))
-        else:
-            yield prefix, json.dumps(node)
-
-    left, right = (dict(flat(tomllib.loads(p.read_text()))) for p in (PER_CLASS, SLAB))
-    assert {k for k in left.keys() | right.keys() if left.get(k) != right.get(k)} == {("engine", "variant")}
 
 
 def test_report_decode_tok_s(per_class, slab, capsys):

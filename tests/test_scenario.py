@@ -53,6 +53,7 @@ def _settings(path):
 
 @pytest.mark.parametrize("a, b, differ", [
     ("ds4-504-slab", "ds4-504-per-class", {("engine", "variant")}),
+    ("glm52-mtp-slab", "glm52-mtp-per-class", {("engine", "variant")}),
     ("strata-658-borrow", "strata-658-own", {("engine", "env", "STRATA_PREFILL_OWN_AUTO")}),
     ("strata-658-auto-borrow", "strata-658-auto-own", {("engine", "env", "STRATA_PREFILL_OWN_AUTO")}),
     ("strata-658-borrow", "strata-658-auto-borrow", {("engine", "flags", "expert-cache")}),
