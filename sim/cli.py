@@ -262,6 +262,8 @@ def run(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for summary, steps and copy plan"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON only"),
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
+                                            help="write the run's timeline as a Chrome/Perfetto trace (JSON)"),
 ):
     """Simulate an engine serving a scenario's workload: tok/s, TTFT, hit rates, lent slots, file reads."""
     from sim.engine.run import run_scenario, write_results
@@ -270,6 +272,11 @@ def run(
     result = run_scenario(load_scenario(scenario_path))
     if output is not None:
         result.summary["files"] = write_results(result, output)
+    if perfetto is not None:
+        from sim.explore.report import write_perfetto
+
+        write_perfetto(result.steps, result.summary, perfetto)
+        result.summary["perfetto"] = str(perfetto)
     if as_json:
         _print_json(result.summary)
         return
@@ -455,6 +462,22 @@ def plan(
                                      for k, v in payload["recommended"].items()], ["key", "value", "scenario"]))
     for line in payload["explanations"]:
         out.print(f"- {line}")
+
+
+@app.command()
+def report(
+    results: Path = typer.Argument(..., metavar="RESULTS", help="a run (-o of run) or sweep results folder"),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """One self-contained HTML report (plotly, works offline) of a run or sweep results folder."""
+    from sim.explore.report import write_report
+
+    written = write_report(results, output)
+    if as_json:
+        _print_json(written)
+        return
+    out.print(f"{written['output']}: {written['figures']} figures, {written['traces']} traces")
 
 
 def main() -> None:
