@@ -332,29 +332,27 @@ def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFram
 
 
 def speed_rows(refs: dict) -> list[dict]:
+    def describe(r: dict) -> str:
+        return f"{r['gather_descriptors']} x {r['gather_bytes'] // r['gather_descriptors'] // MIB} MiB"
+
+    checks = (  # path, what is compared, target ratio (None: reported only), GB/s decimals
+        ("d2d", lambda r: f"gather kernel D2D ({describe(r)}) vs one {r['copy_bytes'] // MIB} MiB device copy",
+         TARGET_GATHER_VS_COPY, 0),
+        ("h2d", lambda r: f"H2D from mapped pinned memory (gather kernel, {describe(r)}) vs one pinned "
+                          f"{r['copy_bytes'] // MIB} MiB cudaMemcpy", TARGET_MAPPED_VS_PINNED, 1),
+        ("d2h", lambda r: "D2H to mapped pinned memory (gather kernel) vs one pinned cudaMemcpy", None, 1),
+    )
     rows = []
-    if "d2d" in refs:
-        r = refs["d2d"]
+    for path, name, target, decimals in checks:
+        if path not in refs:
+            continue
+        r = refs[path]
         ratio = r["gather_gbps"] / r["copy_gbps"]
-        rows.append({"name": f"gather kernel D2D ({r['gather_descriptors']} x {r['gather_bytes'] // r['gather_descriptors'] // MIB} MiB) "
-                             f"vs one {r['copy_bytes'] // MIB} MiB device copy",
-                     "value": ratio, "unit": "ratio", "target": f">= {TARGET_GATHER_VS_COPY}",
-                     "met": bool(ratio >= TARGET_GATHER_VS_COPY),
-                     "detail": f"{r['gather_gbps']:.0f} vs {r['copy_gbps']:.0f} GB/s (bytes copied)"})
-    if "h2d" in refs:
-        r = refs["h2d"]
-        ratio = r["gather_gbps"] / r["copy_gbps"]
-        rows.append({"name": f"H2D from mapped pinned memory (gather kernel, {r['gather_descriptors']} x "
-                             f"{r['gather_bytes'] // r['gather_descriptors'] // MIB} MiB) vs one pinned "
-                             f"{r['copy_bytes'] // MIB} MiB cudaMemcpy",
-                     "value": ratio, "unit": "ratio", "target": f">= {TARGET_MAPPED_VS_PINNED}",
-                     "met": bool(ratio >= TARGET_MAPPED_VS_PINNED),
-                     "detail": f"{r['gather_gbps']:.1f} vs {r['copy_gbps']:.1f} GB/s"})
-    if "d2h" in refs:
-        r = refs["d2h"]
-        rows.append({"name": "D2H to mapped pinned memory (gather kernel) vs one pinned cudaMemcpy",
-                     "value": r["gather_gbps"] / r["copy_gbps"], "unit": "ratio", "target": "", "met": None,
-                     "detail": f"{r['gather_gbps']:.1f} vs {r['copy_gbps']:.1f} GB/s"})
+        rows.append({"name": name(r), "value": ratio, "unit": "ratio",
+                     "target": "" if target is None else f">= {target}",
+                     "met": None if target is None else bool(ratio >= target),
+                     "detail": f"{r['gather_gbps']:.{decimals}f} vs {r['copy_gbps']:.{decimals}f} GB/s"
+                               + (" (bytes copied)" if path == "d2d" else "")})
     return rows
 
 

@@ -446,6 +446,7 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
     prev = np.zeros((n_layers, k), np.int64)
     sel = np.zeros(k, np.int64)
     srt = np.zeros(k, np.int64)
+    mate_weight = np.zeros(members.shape[1])  # group mates' current weights, 0 once picked
     any_hash = False
     for layer in range(n_layers):
         if is_hash[layer]:
@@ -518,26 +519,20 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                                 tot = 0.0
                                 for i in range(size):
                                     y = members[layer, s0 + i]
-                                    dup = False
+                                    mate_weight[i] = c[y] - (c[y - 1] if y > 0 else 0.0)
                                     for j in range(n):
                                         if sel[j] == y:
-                                            dup = True
+                                            mate_weight[i] = -1.0  # already picked
                                             break
-                                    if not dup:
-                                        tot += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                    if mate_weight[i] >= 0.0:
+                                        tot += mate_weight[i]
                                 if tot > 0.0:
                                     pick = _rand(st) * tot
                                     for i in range(size):
-                                        y = members[layer, s0 + i]
-                                        dup = False
-                                        for j in range(n):
-                                            if sel[j] == y:
-                                                dup = True
-                                                break
-                                        if dup:
+                                        if mate_weight[i] < 0.0:
                                             continue
-                                        x = y
-                                        pick -= c[y] - (c[y - 1] if y > 0 else 0.0)
+                                        x = members[layer, s0 + i]
+                                        pick -= mate_weight[i]
                                         if pick <= 0.0:
                                             break
                         if x < 0:
