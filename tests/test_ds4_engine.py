@@ -119,3 +119,120 @@ def test_unmodelled_variant_is_refused_not_approximated(tmp_path):
     (tmp_path / "scenarios" / "hardware").symlink_to(SCENARIOS / "hardware")
     with pytest.raises(InputError, match="pr1082"):
         run_scenario(load_scenario(path))
+
+
+# ------------------------------------------------------------------------------ hotlist seeding and knobs
+
+
+def variant_of(name: str, prompt: int = 1000, decode: int = 16, flags: dict | None = None, env: dict | None = None):
+    """A scenario file's data with a shorter request and some knobs changed, loaded next to the file."""
+    import tomllib
+
+    path = SCENARIOS / name
+    data = tomllib.loads(path.read_text())
+    data["workload"]["requests"] = [{"prompt_tokens": prompt, "decode_tokens": decode, "measured": True}]
+    data["engine"].setdefault("flags", {}).update(flags or {})
+    data["engine"].setdefault("env", {}).update(env or {})
+    return load_scenario(path, data)
+
+
+def test_builtin_hotlist_stand_in_lists_as_many_pairs_as_ds4s_list():
+    """ds4's built-in Flash list holds 6,436 (layer, expert) pairs, 251/252/254 on the hash layers and 103-183
+    on the others; Pro's 6,884 (ds4-engine.md §2.5). The stand-in is the preset's own 299-token (Pro: its
+    profile length) run ranked by hits; its size is a check of the generator, not of the list."""
+    import numpy as np
+
+    from sim.engine.ds4 import builtin_hotlist
+
+    flash = builtin_hotlist("deepseek-v4-flash-q2-q4")
+    assert abs(len(flash) - 6436) / 6436 < 0.02
+    per_layer = np.bincount(flash // 256, minlength=43)
+    assert all(245 <= n <= 256 for n in per_layer[:3])
+    assert 90 <= per_layer[3:].min() and per_layer[3:].max() <= 200
+    assert abs(len(builtin_hotlist("deepseek-v4-pro")) - 6884) / 6884 < 0.02
+    assert builtin_hotlist("glm-5.2") is None  # ds4 ships lists for DeepSeek V4 only
+
+
+def test_per_class_seeding_adds_nothing_once_the_prompt_filled_the_q2_class(per_class):
+    # §1.9: after #504 the first prefill allocates the full class cache; with a 5,000-token prompt the q2
+    # class holds more than preload = min(9472, 4096) experts, so every IQ2 layer is skipped.
+    seeding = per_class.summary["engine_state"]["hotlist_seeding"]
+    assert seeding == {"passes": 1, "loaded": 0, "layers_skipped_full": 37}
+
+
+def test_slab_seeds_4096_experts_that_the_first_decode_token_throws_away(slab):
+    # before #504 the prefill left no cache, so the pass loads preload = 4096 experts into small caches;
+    # the first decode token's full-size prepare() grows the slab, which flushes them (§1.4, §1.9)
+    state = slab.summary["engine_state"]
+    assert state["hotlist_seeding"]["loaded"] == 4096
+    seeds = slab.steps[slab.steps["phase"] == "seed"]
+    assert seeds["inserts"].sum() + seeds["evictions"].sum() == 4096
+    assert slab.summary["decode_hit_rate"] == 0.0
+
+
+def test_cold_start_skips_the_seeding_pass_and_its_time():
+    seeded = run_scenario(variant_of("ds4-504-slab.toml"))
+    cold = run_scenario(variant_of("ds4-504-slab.toml", flags={"ssd-streaming-cold": True}))
+    assert (cold.steps["phase"] == "seed").sum() == 0
+    seed_time = seeded.steps.loc[seeded.steps["phase"] == "seed", ["start_s", "end_s"]]
+    spent = (seed_time["end_s"] - seed_time["start_s"]).sum()
+    assert spent > 0
+    # the seeded run also frees the last seed cache when decode grows the slab: cudaFree of the largest
+    # layer's seed count x 6.75 MiB (q2 expert), at the profile's 30 us + 420 us/GiB (rtx-pro-6000-96gb.toml)
+    seed_cache_gib = seeded.steps.loc[seeded.steps["phase"] == "seed", "lookups"].max() * 7_077_888 / 2**30
+    free_s = (30 + 420 * seed_cache_gib) * 1e-6
+    assert seeded.summary["ttft_s"] - cold.summary["ttft_s"] == pytest.approx(spent + free_s, rel=1e-6)
+    decode_s = [r.timings["end_s"].iloc[-1] - r.timings["prefill_end_s"].iloc[-1] for r in (seeded, cold)]
+    assert decode_s[0] - decode_s[1] == pytest.approx(free_s, rel=1e-6)  # nothing of the seeds survives
+
+
+def test_a_hotlist_file_seeds_its_own_entries(tmp_path):
+    hotlist = tmp_path / "hot.csv"
+    hotlist.write_text("rank,layer,expert\n0,0,7\n1,1,9\n2,40,3\n3,0,2\n")  # layer 40 is a q4 layer: skipped
+    result = run_scenario(variant_of("ds4-504-slab.toml", env={"DS4_METAL_STREAMING_EXPERT_HOTLIST": str(hotlist)}))
+    seeds = result.steps[result.steps["phase"] == "seed"]
+    assert seeds["layer"].tolist() == [0, 1]
+    # layer 0 sizes the seed cache at 2 slots; layer 1's seed (1 <= 2: no growth) evicts the LRU one
+    assert seeds["inserts"].tolist() == [2, 0] and seeds["evictions"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("env", [{"DS4_METAL_DISABLE_STREAMING_DECODE_PREFILL": "1"},
+                                 {"DS4_METAL_STREAMING_DECODE_PREFILL_MAX": "0"}])
+def test_short_prompt_decode_path_can_be_switched_off(env):
+    # a 10-token prompt runs token by token through the decode path (<= 18), or as one batch without it
+    on = run_scenario(variant_of("ds4-504-per-class.toml", prompt=10, decode=2))
+    off = run_scenario(variant_of("ds4-504-per-class.toml", prompt=10, decode=2, env=env))
+    prefill_on, prefill_off = (r.steps[r.steps["phase"] == "prefill"] for r in (on, off))
+    assert set(prefill_on["tokens"]) == {1} and len(prefill_on) == 10 * 43
+    assert set(prefill_off["tokens"]) == {10} and len(prefill_off) == 43
+
+
+def test_metal_prefill_chunk_applies_when_the_flag_is_absent():
+    result = run_scenario(variant_of("ds4-504-per-class.toml", prompt=1000, env={"DS4_METAL_PREFILL_CHUNK": "300"}))
+    prefill = result.steps[result.steps["phase"] == "prefill"]
+    assert sorted(prefill.groupby("step")["tokens"].first().tolist()) == [100, 300, 300, 300]
+    flagged = run_scenario(variant_of("ds4-504-per-class.toml", prompt=1000, flags={"prefill-chunk": 500},
+                                      env={"DS4_METAL_PREFILL_CHUNK": "300"}))
+    assert flagged.steps[flagged.steps["phase"] == "prefill"]["step"].nunique() == 2
+
+
+@pytest.mark.parametrize("flags, env, key", [
+    ({}, {"DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP": "1"},
+     "engine.env.DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP"),
+    ({}, {"DS4_METAL_RESUME_PREFILL_MIN": "8"}, "engine.env.DS4_METAL_RESUME_PREFILL_MIN"),
+    ({"ctx": 65536}, {}, "engine.flags.ctx"),
+    ({}, {"DS4_METAL_PREFILL_CHUNK": "0"}, "engine.env.DS4_METAL_PREFILL_CHUNK"),
+])
+def test_knobs_the_model_does_not_simulate_are_refused_by_name(flags, env, key):
+    from sim.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        run_scenario(variant_of("ds4-504-per-class.toml", flags=flags, env=env))
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_copy_chunk_is_accepted_while_every_part_fits_one_chunk():
+    # Flash parts are at most 4.5 MiB; the chunk is clamped to >= 16 MiB, so any setting copies a part in one go
+    small = run_scenario(variant_of("ds4-504-per-class.toml", env={"DS4_CUDA_MODEL_COPY_CHUNK_MB": "1"}))
+    plain = run_scenario(variant_of("ds4-504-per-class.toml"))
+    assert small.summary["decode_tok_s"] == plain.summary["decode_tok_s"]

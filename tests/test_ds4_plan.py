@@ -237,3 +237,27 @@ def test_prefill_staging_is_the_union_high_water_mark():
     assert dp.prefill_staging_bytes([10] * 43, sizes, current_staging_bytes=GiB) == GiB  # grow-only
     with pytest.raises(InputError, match="one union size per layer"):
         dp.prefill_staging_bytes([1, 2], sizes)
+
+
+# ------------------------------------------------------------------------------------ hotlist seeding (§1.9)
+
+
+def test_preload_is_the_budget_capped_at_4096_unless_set():
+    from sim.engine.ds4_plan import hotlist_preload_experts
+
+    assert hotlist_preload_experts(9472) == 4096  # "preload = min(budget, 4096)"
+    assert hotlist_preload_experts(1000) == 1000
+    assert hotlist_preload_experts(9472, preload_flag=50) == 50  # --ssd-streaming-preload-experts N overrides
+    assert hotlist_preload_experts(9472, auto_cap_env="100") == 100  # DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP
+    with pytest.raises(InputError, match="AUTO_PRELOAD_CAP"):
+        hotlist_preload_experts(9472, auto_cap_env="lots")
+
+
+def test_seed_plan_takes_the_first_preload_entries_on_seeded_layers_grouped_by_layer():
+    from sim.engine.ds4_plan import hotlist_seed_plan
+
+    n = 16
+    ranking = [1 * n + 5, 0 * n + 3, 2 * n + 7, 0 * n + 1, 1 * n + 9]  # layer 2 is not an IQ2 layer
+    plan = hotlist_seed_plan(ranking, n, seeded_layers=[0, 1], preload_experts=3)
+    assert [(layer, experts.tolist()) for layer, experts in plan] == [(0, [3, 1]), (1, [5])]
+    assert hotlist_seed_plan(ranking, n, [0, 1], 0) == []

@@ -32,19 +32,22 @@ card); GLM-5.2 is derived from its public geometry and the neutronstar 16 GB rig
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import simpy
 
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
-from sim.cache.replay import LRUCache
+from sim.cache.replay import Geometry, LRUCache, read_profile, trace_profile
 from sim.engine import ds4_plan
 from sim.engine.timeline import Link, Recorder, serial
 from sim.engine.workload import WorkloadRouting
 from sim.errors import InputError
 from sim.model.quant import QUANT_TYPES
 from sim.trace.format import MISSING
+from sim.trace.generate import HOTLIST_PROFILE_SEED, generate_trace, hotlist_profile_tokens
 
 # fmt: off
 MIB = 1 << 20
@@ -134,6 +137,7 @@ class ResidentSet:
     host_pinned_bytes: int
     runtime_overhead_bytes: int
     source: str
+    ctx_tokens: int  # --ctx of the run the runtime overhead comes from: KV buffers scale with it
 
     @property
     def vram_bytes(self) -> int:
@@ -144,6 +148,7 @@ class ResidentSet:
 # (§1.12); with 8.20 GiB non-routed (antirez/ds4#488, §2.3) the runtime overhead is 96 - 81.57 - 8.20.
 FLASH_NON_ROUTED_GIB = 8.20
 FLASH_RUNTIME_OVERHEAD_GIB = 96 - 81.57 - 8.20  # [derived] from the #503 log on the RTX PRO 6000 96 GB
+FLASH_CALIBRATION_CTX_TOKENS = 32768  # the #503 command line: --ctx 32768
 # GLM-5.2 on the neutronstar rig (RTX 4060 Ti 16 GB), giannisanni/neutronstar README: "the resident
 # weights want ~9-13 GiB VRAM plus ~8 GiB pinned host RAM". We keep the 8 GiB in host RAM and take the
 # upper 13 GiB as all VRAM in use before the expert cache; the runtime overhead is what the derived
@@ -152,20 +157,48 @@ FLASH_RUNTIME_OVERHEAD_GIB = 96 - 81.57 - 8.20  # [derived] from the #503 log on
 # compute buffers and the CUDA context. Calibrated for that 16 GB rig, not for other cards.
 GLM52_HOST_PINNED_GIB = 8
 GLM52_RESIDENT_VRAM_GIB = 13
+GLM52_CALIBRATION_CTX_TOKENS = 4096  # the rig's --ctx 4096 (same README)
 
 
 def resident_set(layout) -> ResidentSet:
     name = layout.name
     if name.startswith("deepseek-v4-flash"):
         return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, int(FLASH_RUNTIME_OVERHEAD_GIB * GIB),
-                           "antirez/ds4#488 non-routed 8.20 GiB; runtime overhead from the #503 log (96 GB card)")
+                           "antirez/ds4#488 non-routed 8.20 GiB; runtime overhead from the #503 log (96 GB card)",
+                           FLASH_CALIBRATION_CTX_TOKENS)
     if name.startswith("glm-5.2"):
         non_routed = glm52_non_routed_bytes(layout)
         host = GLM52_HOST_PINNED_GIB * GIB
         return ResidentSet(non_routed, host, GLM52_RESIDENT_VRAM_GIB * GIB - (non_routed - host),
                            "non-routed derived from GLM-5.2 geometry at Q8_0/F32; host-pinned part and "
-                           "resident VRAM from the neutronstar README (16 GB rig)")
+                           "resident VRAM from the neutronstar README (16 GB rig)", GLM52_CALIBRATION_CTX_TOKENS)
     raise InputError("scenario", "model", name, "ds4 is modelled for deepseek-v4-flash and glm-5.2 only")
+
+
+def _env_set(env, name: str) -> bool:
+    return getattr(env, name, None) not in (None, "0", "")
+
+
+def _env_count(where: str, env, name: str, minimum: int = 0) -> int | None:
+    text = getattr(env, name, None)
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < minimum:
+        raise InputError(where, f"engine.env.{name}", text, f"must be a whole number >= {minimum}")
+    return int(text)
+
+
+@functools.lru_cache(maxsize=8)
+def builtin_hotlist(preset: str) -> np.ndarray | None:
+    """Stand-in for ds4's built-in popularity list on a generator preset's expert ids (None: the preset's
+    model has none): the preset's own profile run, as long as the run behind ds4's list, ranked by hits
+    (sim.trace.generate.hotlist_profile_tokens says why). Read-only: the memo hands out one array."""
+    tokens = hotlist_profile_tokens(preset)
+    if tokens is None:
+        return None
+    keys = trace_profile(generate_trace(preset, tokens, 0, HOTLIST_PROFILE_SEED))
+    keys.flags.writeable = False
+    return keys
 
 
 class Ds4Engine:
@@ -193,6 +226,7 @@ class Ds4Engine:
         for x in self.layers:
             classes.setdefault((x.gate_bytes, x.down_bytes), len(classes))
         self.class_of_layer = np.array([classes[(x.gate_bytes, x.down_bytes)] for x in self.layers])
+        self.class_keys = list(classes)
         self.class_bytes = [ds4_plan.expert_bytes(g, d) for g, d in classes]
         self.n_classes = len(classes)
         # budget and reserve, as the engine parses them
@@ -206,15 +240,27 @@ class Ds4Engine:
         self.reserve_bytes = ds4_plan.vram_reserve_bytes(
             getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None), self.vram_total)
         self.resident = resident_set(layout)
+        if flags.ctx is not None and flags.ctx != self.resident.ctx_tokens:
+            raise InputError(str(scenario.path or "scenario"), "engine.flags.ctx", flags.ctx,
+                             f"not modelled: the VRAM ds4 holds before the expert cache ({self.resident.source}) "
+                             f"is known at --ctx {self.resident.ctx_tokens} only")
         self.vram_free = self.vram_total - self.resident.vram_bytes
         pro = "pro" in layout.name
         self.chunk_default = DEFAULT_PREFILL_CHUNK_TOKENS_PRO if pro else DEFAULT_PREFILL_CHUNK_TOKENS
-        self.chunk_flag = flags.prefill_chunk
+        where = str(scenario.path or "scenario")
+        # --prefill-chunk wins; DS4_METAL_PREFILL_CHUNK is read when the flag is absent (§4)
+        self.chunk_flag = flags.prefill_chunk or _env_count(where, env, "DS4_METAL_PREFILL_CHUNK", minimum=1)
         q4_first = all(t == "Q4_K" for t in (self.layers[0].gate_type, self.layers[0].up_type, self.layers[0].down_type))
         self.decode_path_max = DECODE_PATH_PREFILL_MAX_TOKENS_Q4 if q4_first else DECODE_PATH_PREFILL_MAX_TOKENS
+        if _env_set(env, "DS4_METAL_DISABLE_STREAMING_DECODE_PREFILL"):
+            self.decode_path_max = 0
+        elif (limit := _env_count(where, env, "DS4_METAL_STREAMING_DECODE_PREFILL_MAX")) is not None:
+            self.decode_path_max = limit
+        self.seed_steps = self._hotlist_seed_plan(where)
+        self.seeding = {"passes": 0, "loaded": 0, "layers_skipped_full": 0}
         # where a miss's bytes come from: the page cache (buffered pread of a file kept in RAM) or the SSD
-        no_direct_io = getattr(env, "DS4_CUDA_NO_DIRECT_IO", None) not in (None, "0", "")
-        keep_pages = getattr(env, "DS4_CUDA_KEEP_MODEL_PAGES", None) not in (None, "0", "")
+        no_direct_io = _env_set(env, "DS4_CUDA_NO_DIRECT_IO")
+        keep_pages = _env_set(env, "DS4_CUDA_KEEP_MODEL_PAGES")
         fits_in_ram = layout.total_expert_bytes + self.resident.non_routed_bytes < hw.host.ram_gib.value * GIB
         self.page_cache = no_direct_io and keep_pages and fits_in_ram
         lat = hw.latency
@@ -275,29 +321,106 @@ class Ds4Engine:
         self.slab_class = -1
         return t
 
-    def _prepare(self, t: float, cls: int) -> tuple[float, int]:
-        """prepare(): the cache of this size class, allocated on first use; returns (time, pool)."""
-        if self.per_class:
-            pool = cls
-        else:
-            pool = 0
-            if self.allocated[0] and self.slab_class != cls:
+    def _prepare(self, t: float, cls: int, target_experts: int | None = None) -> tuple[float, int]:
+        """prepare(): the cache of this size class for a target (default: the budget), through the pure
+        rule ds4_plan.prepare_class_cache; pays the frees and allocations it makes; returns (time, pool)."""
+        target = self.budget_experts if target_experts is None else min(target_experts, self.budget_experts)
+        pool = cls if self.per_class else 0
+        if not self.per_class and self.slab_class != cls:
+            if self.allocated[0]:
                 self.size_changes[self.phase] += 1
-                t = self._release_all(t)  # pre-504: a size change releases the whole slab
-            if self.slab_class != cls:
-                self.dedup[0].reset()  # note_size() resets the cap and the notice on a size change
-        if not self.allocated[pool]:
-            live = ds4_plan.live_budget(self.budget_experts, self.class_bytes[cls], self._available(),
-                                        self.reserve_bytes)
-            printed = self.dedup[pool].emit(live.notice)
-            if printed is not None:
-                self.notices.append(printed)
-            self.cache.resize(pool, live.capacity_experts)
-            self.allocated[pool] = True
-            self.slab_class = cls
-            if live.capacity_experts:
-                t = self.links["host"].hold(t, self._alloc_cost(live.capacity_experts * self.class_bytes[cls], False))
+            self.dedup[0].reset()  # note_size() resets the cap and the notice on a size change
+        held = self.pool_state(pool)
+        out = ds4_plan.prepare_class_cache(held, self.class_keys[cls], target, self._available(), self.reserve_bytes)
+        if held is not None and out.state is held:
+            return t, pool
+        printed = self.dedup[pool].emit(out.notice)
+        if printed is not None:
+            self.notices.append(printed)
+        if held is not None:  # a size change or growth releases the old allocation and its contents
+            t = self.links["host"].hold(t, self._alloc_cost(held.capacity_experts * ds4_plan.expert_bytes(*held.size_key),
+                                                            release=True))
+            self.flushes[pool] += self.cache.count(pool) > 0
+            self.cache.flush(pool)
+        capacity = out.state.capacity_experts if out.state is not None else 0
+        self.cache.resize(pool, capacity)
+        self.allocated[pool] = out.state is not None
+        self.slab_class = cls
+        if capacity:
+            t = self.links["host"].hold(t, self._alloc_cost(capacity * self.class_bytes[cls], release=False))
         return t, pool
+
+    def pool_state(self, pool: int) -> ds4_plan.CacheState | None:
+        """The pool's allocation as prepare() sees it: its size key and capacity, None when not allocated."""
+        if not self.allocated[pool]:
+            return None
+        cls = pool if self.per_class else self.slab_class
+        return ds4_plan.CacheState(self.class_keys[cls], int(self.cache.capacity[pool]))
+
+    def _hotlist_seed_plan(self, where: str) -> list[tuple[int, np.ndarray]]:
+        """The (layer, experts) steps of one seeding pass; empty when the engine would not seed (§1.9)."""
+        scenario = self.scenario
+        flags, env = scenario.engine.flags, scenario.engine.env
+        if flags.ssd_streaming_cold or _env_set(env, "DS4_METAL_DISABLE_STREAMING_EXPERT_HOTLIST"):
+            return []
+        # on CUDA the pass runs only when the budget is "visible" (L1482-1492)
+        visible = (flags.ssd_streaming_cache_experts is not None
+                   or getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_N", None) is not None
+                   or _env_set(env, "DS4_CUDA_ENABLE_STREAMING_EXPERT_HOTLIST")
+                   or _env_set(env, "DS4_CUDA_STREAMING_EXPERT_HOTLIST"))
+        seeded_layers = [i for i, x in enumerate(self.layers[: self.n_layers]) if x.gate_type.startswith("IQ2")]
+        if not visible or not seeded_layers:
+            return []
+        path = getattr(env, "DS4_METAL_STREAMING_EXPERT_HOTLIST", None)
+        if path:
+            file = Path(path) if scenario.path is None else Path(scenario.path).parent / path
+            geometry = Geometry(self.n_layers, self.n_experts, self.expert_bytes[: self.n_layers],
+                                self.class_of_layer[: self.n_layers].astype(np.int16),
+                                np.array(self.class_bytes, np.int64), scenario.layout.name)
+            ranking = read_profile(file, geometry)
+        elif scenario.trace.generator is not None:
+            ranking = builtin_hotlist(scenario.trace.generator)
+            if ranking is None:  # ds4 ships lists for DeepSeek V4 Flash and Pro only
+                return []
+        elif scenario.layout.name.startswith("deepseek-v4"):
+            raise InputError(where, "engine.env.DS4_METAL_STREAMING_EXPERT_HOTLIST", None,
+                             "ds4 seeds its built-in hotlist here, whose expert ids only the real list has: give "
+                             "it as a rank,layer,expert CSV, or set ssd-streaming-cold")
+        else:
+            return []
+        preload = ds4_plan.hotlist_preload_experts(
+            self.budget_experts, flags.ssd_streaming_preload_experts,
+            getattr(env, "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP", None))
+        return ds4_plan.hotlist_seed_plan(ranking, self.n_experts, seeded_layers, preload)
+
+    def _seed_from_hotlist(self, t: float, request: int, step_no: int) -> float:
+        """metal_graph_seed_streaming_expert_cache_from_hotlist after a batch prefill (ds4.c L20814, §1.9):
+        per layer, if its cache holds fewer than `preload` experts, prepare it for the layer's seed count and
+        load each listed expert it lacks into its LRU slot (3 parts each, as a miss; no copy to staging)."""
+        if not self.seed_steps:
+            return t
+        self.seeding["passes"] += 1
+        preload = sum(len(e) for _, e in self.seed_steps)
+        for layer, experts in self.seed_steps:
+            pool = int(self.class_of_layer[layer]) if self.per_class else 0
+            if self.allocated[pool] and self.cache.count(pool) >= preload:
+                self.seeding["layers_skipped_full"] += 1
+                continue
+            start = t
+            t, pool = self._prepare(t, int(self.class_of_layer[layer]), len(experts))
+            outcome, _, _ = self.cache.access(layer, experts, pool, MODE_EVICT)
+            n = np.bincount(outcome.astype(np.int64), minlength=4)
+            loaded = int(n[INSERT] + n[EVICT])
+            t = self._load_parts(t, layer, loaded)
+            self.seeding["loaded"] += loaded
+            n_bytes = int(loaded * self.expert_bytes[layer])
+            sid = self.rec.step(request=request, phase="seed", step=step_no, layer=layer, start_s=start, end_s=t,
+                                lookups=len(experts), hits=int(n[HIT]), inserts=int(n[INSERT]),
+                                evictions=int(n[EVICT]), h2d_bytes=n_bytes, file_read_bytes=n_bytes,
+                                file_blob_reads=loaded, vram_used_bytes=self.vram_used())
+            for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
+                self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
+        return t
 
     def _grow_staging(self, t: float, n_bytes: int) -> float:
         if n_bytes <= self.staging_bytes:
@@ -409,6 +532,8 @@ class Ds4Engine:
                 for step_no, first in enumerate(range(0, len(prompt), chunk)):
                     t = self._prefill_chunk(t, request, step_no, prompt[first: first + chunk])
                     yield env.timeout(t - env.now)
+                t = self._seed_from_hotlist(t, request, step_no + 1)
+                yield env.timeout(t - env.now)
             prefill_end = t
             first_token = None
             mtp = routing.mtp if self.mtp else None
@@ -456,7 +581,8 @@ class Ds4Engine:
                 "miss_source": "page cache" if self.page_cache else "SSD (O_DIRECT, QD1)",
                 "class_expert_bytes": [int(b) for b in self.class_bytes],
                 "mtp_layers": [int(x) for x in self.mtp_layers],
-                "flushes_per_pool": list(self.flushes), "slab_size_changes": dict(self.size_changes),
+                "flushes_per_pool": list(self.flushes), "hotlist_seeding": dict(self.seeding),
+                "hotlist_seed_experts": int(sum(len(e) for _, e in self.seed_steps)), "slab_size_changes": dict(self.size_changes),
                 "vram_before_cache_gib": self.resident.vram_bytes / GIB,
                 "non_routed_gib": self.resident.non_routed_bytes / GIB,
                 "host_pinned_non_routed_gib": self.resident.host_pinned_bytes / GIB,

@@ -18,6 +18,8 @@ Sources: reference/ds4-engine.md §1.2-§1.4, §1.7, §1.12, §1.13 and §6 (lin
              live cap allows more (prepare_class_cache)
   OOM        cap -= ceil(cap / 10) per failed allocation until it fits or reaches 0 (oom_shrink)
   staging    batch prefill staging = |union| x expert bytes, grow-only (prefill_staging_bytes)
+  hotlist    after each batch prefill, up to `preload` experts of the popularity list, IQ2 layers only,
+             layer by layer (hotlist_seed_plan, hotlist_preload_experts)
 
 Messages are the engine's text without its "ds4: " stderr prefix; numbers print with two decimals, as
 in the #503 log ("available 81.57 GiB, reserve 16.00 GiB, 13.50 MiB/expert").
@@ -44,6 +46,7 @@ VRAM_RESERVE_MAX_FRACTION_OF_TOTAL = 0.5           # live_budget: reserve clampe
 MAX_EXPERT_SIZE_CLASSES = 4                        # port L218-231: DS4_CUDA_STREAM_EXPERT_CLASSES (§1.2)
 OOM_SHRINK_DIVISOR = 10                            # shrunken_cap L1605: cap -= ceil(cap / 10) (§1.3)
 SLAB_PARTS_PER_EXPERT = 3                          # gate, up and down slabs: expert bytes = 2 x gate + down (§1.2)
+AUTO_PRELOAD_CAP_EXPERTS = 4096                    # DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP default (§1.9)
 # fmt: on
 
 ENV_CACHE_EXPERTS = "DS4_CUDA_STREAMING_EXPERT_CACHE_N"
@@ -385,3 +388,34 @@ def prefill_staging_bytes(union_expert_counts: Sequence[int], layer_expert_bytes
     for count, size in zip(union_expert_counts, layer_expert_bytes):
         staging = max(staging, _check_int("ds4 staging", "union size", count) * size)
     return staging
+
+
+# ------------------------------------------------------------------------------------------ hotlist
+
+
+def hotlist_preload_experts(budget_experts: int, preload_flag: int | None = None,
+                            auto_cap_env: str | None = None) -> int:
+    """How many hotlist experts a seeding pass loads (§1.9): --ssd-streaming-preload-experts N when given,
+    else min(budget, auto cap), the auto cap being DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP (4096)."""
+    where = "ds4 hotlist"
+    _check_int(where, "budget_experts", budget_experts)
+    if preload_flag is not None:
+        return _check_int(where, "--ssd-streaming-preload-experts", preload_flag)
+    cap = AUTO_PRELOAD_CAP_EXPERTS
+    if auto_cap_env is not None:
+        if not auto_cap_env.strip().isdigit():
+            raise InputError(where, "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP", auto_cap_env,
+                             "must be a whole number of experts")
+        cap = int(auto_cap_env)
+    return min(budget_experts, cap)
+
+
+def hotlist_seed_plan(ranking_keys: np.ndarray, n_experts: int, seeded_layers: Sequence[int],
+                      preload_experts: int) -> list[tuple[int, np.ndarray]]:
+    """The seeding pass as (layer, experts) steps: the first `preload_experts` entries of the popularity
+    list that fall on a seeded (IQ2) layer, grouped by layer in layer order, each layer's experts in list
+    order (seed_experts prepares the class cache for one layer's seed count, then seeds them one by one)."""
+    keys = np.asarray(ranking_keys, np.int64)
+    keys = keys[np.isin(keys // n_experts, np.asarray(list(seeded_layers), np.int64))][:preload_experts]
+    layers = keys // n_experts
+    return [(int(layer), (keys[layers == layer] % n_experts).astype(np.uint16)) for layer in np.unique(layers)]

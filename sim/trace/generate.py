@@ -1069,3 +1069,28 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
     header = TraceHeader(model=spec["model"], n_layers=geo.n_layers, n_experts=geo.n_experts, top_k=geo.top_k,
                          source=SOURCE, source_sha256=digest, generator=generator)
     return Trace(header, request, position, phase, experts)
+
+
+
+# A seed no workload draws from: workloads use (scenario seed + request index), so only a scenario seed
+# within n_requests of 2**63 - 1 could meet it.
+HOTLIST_PROFILE_SEED = 2**63 - 1
+
+
+def hotlist_profile_tokens(preset: str) -> int | None:
+    """Length of the profile run behind the ds4 hotlist this preset's popularity was derived from (299 tokens
+    for Flash, generator_presets.json: profile_tokens); None when the preset was not derived from one.
+
+    ds4 ships a popularity list made from one short profile run; its expert ids are the real model's, not
+    this generator's. The same experiment on the preset (one prompt this long under HOTLIST_PROFILE_SEED,
+    experts ranked by hits) stands in for it on the preset's ids (sim.engine.ds4.builtin_hotlist)."""
+    if preset not in GENERATOR_PRESETS:
+        raise InputError("hotlist_profile_tokens", "preset", preset,
+                         f"unknown; valid: {', '.join(generator_preset_names())}")
+    popularity = GENERATOR_PRESETS[preset].get("popularity", {})
+    if popularity.get("kind") != "derived":
+        return None
+    derived = _derived()[popularity["key"]]
+    if "hotlist" not in derived["source"]["path"]:
+        return None
+    return int(derived["profile_tokens"])
