@@ -197,20 +197,18 @@ def cache(
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """Replay a trace through an expert cache: hit rate, misses, direct loads and bytes."""
-    from sim.cache.replay import Geometry, lru_mrc, parse_slots, read_profile, replay
+    from sim.cache.replay import Geometry, capacity_pools, lru_mrc, mrc_exact, parse_slots, read_profile, replay
     from sim.trace.format import read_trace
 
     trace = read_trace(trace_path)
     geometry = Geometry.of(trace, _layout_for(model, trace.header.model), str(trace_path))
     if mrc:
-        if policy != "lru" or prefill_mode != "evict":
+        if not mrc_exact(policy, prefill_mode):
             raise InputError("cache", "--mrc", f"{policy}/{prefill_mode}",
                              "the one-pass curve is exact for an evicting LRU only")
         _print_mrc(lru_mrc(trace, geometry, scope), trace, as_json)
         return
-    if policy == "ds4-slab":
-        scope = "global"
-    n_pools = len(np.unique(geometry.pools(scope)))
+    scope, pool_keys = capacity_pools(geometry, policy, scope)
     if (slots_per_layer is None) == (slots is None):
         raise InputError("cache", "--slots-per-layer/--slots", "both" if slots else "neither",
                          "give exactly one capacity")
@@ -219,8 +217,7 @@ def cache(
             raise InputError("cache", "--slots-per-layer", slots_per_layer, f"needs --scope layer, not {scope}")
         capacity = parse_slots(slots_per_layer, geometry.n_layers, "--slots-per-layer")
     else:
-        n = geometry.n_classes if policy == "ds4-slab" else n_pools
-        capacity = parse_slots(slots, n, "--slots")
+        capacity = parse_slots(slots, len(pool_keys), "--slots")
     ranking = read_profile(profile, geometry) if profile is not None else None
     result = replay(trace, geometry, policy, scope, capacity, prefill_mode, ranking)
     summary = result.summary()
@@ -269,18 +266,31 @@ def run(
     from sim.engine.run import run_scenario, write_results
     from sim.scenario import load_scenario
 
-    result = run_scenario(load_scenario(scenario_path))
+    scenario = load_scenario(scenario_path)
+    if perfetto is not None and scenario.engine.name == "replay":
+        raise InputError(str(scenario_path), "--perfetto", str(perfetto), "a cache-only replay has no timeline")
+    result = run_scenario(scenario)
     if output is not None:
         result.summary["files"] = write_results(result, output)
     if perfetto is not None:
+        from sim.engine.timeline import link_frame
         from sim.explore.report import write_perfetto
 
-        write_perfetto(result.steps, result.summary, perfetto)
+        write_perfetto(result.steps, result.summary, perfetto, link_frame(result.links))
         result.summary["perfetto"] = str(perfetto)
     if as_json:
         _print_json(result.summary)
         return
     s = result.summary
+    if s["engine"] == "replay":  # counts only: its tables are per phase and per size class, not links
+        from sim.engine.cache_only import FIGURES
+
+        out.print(_table(f"{scenario_path}: {s['provenance']['command_line']}, {s['model']} (cache only)",
+                         [{"key": k, "value": s[k]} for k in (*FIGURES, "direct_loads", "evictions")],
+                         ["key", "value"]))
+        out.print(_table("per phase", s["per_phase"]))
+        out.print(_table("per class", s["per_class"]))
+        return
     out.print(_table(f"{scenario_path}: {s['engine']} {s['variant']} on {s['hardware']}, {s['model']}",
                      [{"key": k, "value": s[k]} for k in HEADLINE], ["key", "value"]))
     out.print(_table("links", s["links"]))
@@ -375,6 +385,9 @@ def calibrate(
 # --- sweep ----------------------------------------------------------------------------------------
 
 SWEEP_COLUMNS = ("decode_tok_s", "prefill_tok_s", "decode_hit_rate", "ttft_s", "cache_slots", "lent_slots", "error")
+# A cache-only replay has no tok/s or TTFT: its table shows the cache's figures and the path that computed them.
+REPLAY_SWEEP_COLUMNS = ("cache_slots", "cache_mib", "decode_hit_rate", "prefill_hit_rate", "hit_rate", "misses",
+                        "method", "error")
 
 
 @app.command()
@@ -393,7 +406,8 @@ def sweep(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    from sim.explore.sweep import HEADLINE as SWEEP_HEADLINE, expand_grid, load_sweep, open_results, run_sweep
+    from sim.explore.sweep import HEADLINE as SWEEP_HEADLINE, REPLAY_METRICS, expand_grid, load_sweep, open_results, \
+        run_sweep
 
     points = expand_grid(scenario_path, grid)
     if points:
@@ -414,20 +428,22 @@ def sweep(
     order = {p.point_id: i for i, p in reversed(list(enumerate(points)))}
     frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
     keys = list(points[0].overrides) if points else []
-    rows = json.loads(frame[["point_id", *keys, *SWEEP_HEADLINE, "scenario_hash", "error", "wall_s"]]
+    extra = [c for c in (*REPLAY_METRICS, "method") if c in frame]  # absent from rows of older sweeps
+    rows = json.loads(frame[["point_id", *keys, *SWEEP_HEADLINE, *extra, "scenario_hash", "error", "wall_s"]]
                       .to_json(orient="records"))
     if as_json:
         _print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
                      "resumed": len(result.resumed), "failed": len(result.failed), "rows": rows})
         return
     short = {k: k.rsplit(".", 1)[-1] for k in keys}
-    shown = [{**{short[k]: r[k] for k in keys}, **{c: r[c] for c in SWEEP_COLUMNS}} for r in rows]
+    columns = REPLAY_SWEEP_COLUMNS if "hit_rate" in frame else SWEEP_COLUMNS
+    shown = [{**{short[k]: r[k] for k in keys}, **{c: r.get(c) for c in columns}} for r in rows]
     for r in shown:
         if r["error"] and len(r["error"]) > 60:
             r["error"] = "..." + r["error"][-57:]
     out.print(_table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
                      f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
-                     shown, [*short.values(), *SWEEP_COLUMNS]))
+                     shown, [*short.values(), *columns]))
 
 
 @app.command()

@@ -2,7 +2,7 @@
 
     hardware = "rtx-pro-6000-96gb"          # scenarios/hardware/NAME.toml, or a path to a profile
     model = "deepseek-v4-flash-q2-q4"        # a preset (sim.model.preset_names()) or a path to a .gguf
-    [engine]                                 # name = "ds4" | "strata", variant = which code
+    [engine]                                 # name = "ds4" | "strata", variant = which code; or "replay"
     [engine.flags]                           # the engine's own CLI flags, without the leading "--"
     [engine.env]                             # the engine's own environment variables, as strings
     [trace]                                  # generator = PRESET (+ seed) or path = "traces/x.parquet"
@@ -15,6 +15,10 @@ accepted here too and kept raw (ds4 parses DS4_CUDA_STREAMING_EXPERT_CACHE_RESER
 that. Settings no engine run could have are errors: a reserve >= the GPU's VRAM, a chunk of 0, a budget
 larger than the model's routed experts, a trace recorded for another model shape, --mtp with streaming on
 upstream ds4 (only the neutronstar GLM stack runs the draft layer while streaming).
+
+`name = "replay"` is no engine: the workload's routing replayed through one `expertsim cache` cache, its
+[engine.flags] that command's options (policy, scope, slots, prefill-mode, profile); no timing, so the
+hardware profile is not used and the model needs no compute figures.
 
 Every error is one line naming the file and the dotted key path (sim.errors.InputError).
 """
@@ -131,6 +135,15 @@ DS4_ENV_NAMES = (
     "DS4_EXPERT_PROFILE", "DS4_EXPERT_HOTLIST", "DS4_CUDA_HITS_FIRST", "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL",
 )
 Ds4Env = _env_model("Ds4Env", "ds4 environment variable", DS4_ENV_NAMES)
+# Knobs whose effect the ds4 model does not simulate: a scenario that sets one is refused rather than run
+# as if it were absent. The VERBOSE/PROFILE variables only print, so they are accepted.
+DS4_NOT_MODELLED = {
+    "DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP": "the decode path without the selected/shared overlap",
+    "DS4_CUDA_DISABLE_STREAMING_PREFILL_BATCH_SELECTED_LOAD": "prefill without batched selected loads",
+    "DS4_METAL_DISABLE_STREAMING_COLD_DECODE_PREFILL": "the cold decode-style prefill switch",
+    "DS4_METAL_RESUME_PREFILL_MIN": "server resumes from a KV checkpoint",
+}
+DS4_COPY_CHUNK_MIB_RANGE = (16, 4096)  # DS4_CUDA_MODEL_COPY_CHUNK_MB clamp (ds4-engine.md §1.2, L218-222)
 
 
 class Ds4Flags(Strict):
@@ -226,6 +239,43 @@ class StrataEngine(Strict):
     env: StrataEnv = Field(default_factory=StrataEnv)
 
 
+# ------------------------------------------------------------------------------------------- replay
+
+
+def _check_slots(value: object) -> int | list[int]:
+    """One slot count for every pool, or an array of one per pool (whole numbers >= 0)."""
+    def count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if count(value) or (isinstance(value, list) and value and all(count(v) for v in value)):
+        return value
+    raise ValueError("must be a slot count >= 0 for every pool, or an array of one count per pool")
+
+
+class ReplayFlags(Strict):
+    """The `expertsim cache` options a cache-only replay runs with (sim/cache/replay.py, docs/cache.md).
+    The literals are replay.POLICIES, SCOPES and PREFILL_MODES (tests/test_cache_only.py checks they agree):
+    importing the cache module here would load numba for every scenario."""
+
+    KEY_KIND: ClassVar[str] = "replay flag"
+    policy: Literal["lru", "lfu", "opt", "static", "ds4-slab"] = "lru"
+    # Pools: one per layer, per size class, or one; ds4-slab is always one slab with a capacity per class.
+    scope: Literal["layer", "class", "global"] = "layer"
+    slots: Annotated[int | list[int], PlainValidator(_check_slots)]
+    prefill_mode: Literal["evict", "append"] = Field("evict", alias="prefill-mode")
+    # The static policy's ranking: a rank,layer,expert CSV relative to the scenario; unset = the workload's own
+    # access counts (an oracle profile, as `expertsim cache` does without --profile).
+    profile: Annotated[str, Field(min_length=1)] | None = None
+
+
+class ReplayEngine(Strict):
+    """No engine: the workload's routing replayed through one cache, counts only, no timing."""
+
+    KEY_KIND: ClassVar[str] = "replay engine key"
+    name: Literal["replay"]
+    flags: ReplayFlags
+
+
 # ------------------------------------------------------------------------------------------ scenario
 
 
@@ -258,7 +308,7 @@ class Scenario(Strict):
     model: Annotated[str, Field(min_length=1)]
     # The key of the hardware profile's [compute] table to use; default: the one the model name starts with.
     model_class: Annotated[str, Field(min_length=1)] | None = None
-    engine: Annotated[Ds4Engine | StrataEngine, Field(discriminator="name")]
+    engine: Annotated[Ds4Engine | StrataEngine | ReplayEngine, Field(discriminator="name")]
     trace: TraceSource
     workload: Workload
 
@@ -302,9 +352,11 @@ class Scenario(Strict):
         return [i for i, r in enumerate(self.workload.requests) if r.measured]
 
     def command_line(self) -> str:
-        """The settings as an engine user would type them (set keys only)."""
-        env = self.engine.env.model_dump(exclude_none=True)
+        """The settings as an engine user would type them (set keys only); a replay's as `expertsim cache`
+        options (it has no environment; a list of slots is written as the CLI takes it, a,b,c)."""
+        env = {} if isinstance(self.engine, ReplayEngine) else self.engine.env.model_dump(exclude_none=True)
         flags = self.engine.flags.model_dump(by_alias=True, exclude_unset=True)
+        flags = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in flags.items()}
         args = [f"--{k}" if v is True else f"--{k} {v}" for k, v in flags.items() if v not in (False, None)]
         return " ".join([*(f"{k}={v}" for k, v in env.items()), self.engine.name, *args])
 
@@ -368,6 +420,19 @@ def _check_ds4(s: Scenario, profile: HardwareProfile, layout: ModelLayout, where
     _variant_gate(where, "flags", {Ds4Flags.model_fields[n].alias or n for n in flags.model_fields_set},
                   DS4_ONLY_IN, engine)
     _variant_gate(where, "env", set(env.model_fields_set), DS4_ONLY_IN, engine)
+    for name in sorted(set(env.model_fields_set) & set(DS4_NOT_MODELLED)):
+        raise InputError(where, f"engine.env.{name}", getattr(env, name),
+                         f"not modelled: {DS4_NOT_MODELLED[name]}; remove it to simulate the default path")
+    chunk_mib = env.DS4_CUDA_MODEL_COPY_CHUNK_MB
+    if chunk_mib is not None:
+        if not _digits(chunk_mib):
+            raise InputError(where, "engine.env.DS4_CUDA_MODEL_COPY_CHUNK_MB", chunk_mib, "must be a whole MiB count")
+        low, high = DS4_COPY_CHUNK_MIB_RANGE
+        largest_part = max(max(x.gate_bytes, x.up_bytes, x.down_bytes) for x in layout.layers)
+        if min(max(int(chunk_mib), low), high) * MIB < largest_part:
+            raise InputError(where, "engine.env.DS4_CUDA_MODEL_COPY_CHUNK_MB", chunk_mib,
+                             f"not modelled: expert parts of up to {largest_part / MIB:.2f} MiB would span several "
+                             "copy chunks; the model copies each part as one chunk")
     if not flags.ssd_streaming:
         raise InputError(where, "engine.flags.ssd-streaming", False,
                          "the simulator models ds4 with --ssd-streaming only (the expert cache exists only then)")
@@ -426,6 +491,36 @@ def _check_strata(s: Scenario, profile: HardwareProfile, layout: ModelLayout, wh
     if flags.vram_reserve_mib * MIB >= profile.vram_bytes:
         raise InputError(where, "engine.flags.vram-reserve-mib", flags.vram_reserve_mib,
                          f"a reserve >= the GPU's VRAM ({profile.vram_bytes // MIB} MiB on {profile.name})")
+
+
+def _check_replay(s: Scenario, layout: ModelLayout, base: Path, where: str) -> None:
+    from sim.cache.replay import Geometry, capacity_pools
+
+    flags: ReplayFlags = s.engine.flags
+    if flags.policy == "opt" and flags.prefill_mode != "evict":
+        raise InputError(where, "engine.flags.prefill-mode", flags.prefill_mode,
+                         "opt is the bound of an evicting cache: use evict")
+    if flags.profile is not None:
+        if flags.policy != "static":
+            raise InputError(where, "engine.flags.profile", flags.profile,
+                             f"read only by policy static; this scenario's policy is {flags.policy}")
+        safe_path(where, "engine.flags.profile", flags.profile)
+        path = Path(flags.profile) if Path(flags.profile).is_absolute() else base / flags.profile
+        if not is_file(path):
+            raise InputError(where, "engine.flags.profile", flags.profile, f"no such file ({path})")
+    # A replay routes the model's routed layers (no MTP draft steps).
+    geometry = Geometry.of_layout(layout, layout.n_routed_layers)
+    scope, pool_keys = capacity_pools(geometry, flags.policy, flags.scope)
+    slots = flags.slots if isinstance(flags.slots, list) else [flags.slots] * len(pool_keys)
+    if len(slots) != len(pool_keys):
+        pools = "size class" if flags.policy == "ds4-slab" or scope == "class" else scope
+        raise InputError(where, "engine.flags.slots", flags.slots,
+                         f"{len(slots)} counts; policy {flags.policy}, scope {scope} on {layout.name} takes one "
+                         f"count, or one per {pools} ({len(pool_keys)})")
+    for pool, (count, keys) in enumerate(zip(slots, pool_keys)):
+        if count > keys:  # the kernels allocate every slot: a count beyond the pool's experts is no cache at all
+            raise InputError(where, "engine.flags.slots", flags.slots,
+                             f"{count} slots in pool {pool}, which has only {keys} experts")
 
 
 def _check_trace(s: Scenario, layout: ModelLayout, base: Path, where: str) -> tuple[Path | None, str | None]:
@@ -494,8 +589,13 @@ def load_scenario(path: str | Path, data: dict | None = None) -> Scenario:
     hw_path = resolve_hardware(scenario.hardware, base, where)
     profile = load_hardware_file(hw_path.resolve())
     layout = _resolve_model(scenario.model, base, where)
-    compute_key = _resolve_compute(scenario, profile, layout, where)
-    (_check_ds4 if scenario.engine.name == "ds4" else _check_strata)(scenario, profile, layout, where)
+    replay = isinstance(scenario.engine, ReplayEngine)
+    # a cache-only replay has no timing, so it needs no compute figures for the model
+    compute_key = None if replay else _resolve_compute(scenario, profile, layout, where)
+    if replay:
+        _check_replay(scenario, layout, base, where)
+    else:
+        (_check_ds4 if scenario.engine.name == "ds4" else _check_strata)(scenario, profile, layout, where)
     trace_path, trace_sha = _check_trace(scenario, layout, base, where)
     _check_workload(scenario, where)
     scenario._path = file.resolve()
@@ -536,5 +636,6 @@ def scenario_hash(scenario: Scenario) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-__all__ = ["Ds4Engine", "Ds4Flags", "Request", "Scenario", "StrataEngine", "StrataFlags", "TraceSource", "Workload",
+__all__ = ["Ds4Engine", "Ds4Flags", "ReplayEngine", "ReplayFlags", "Request", "Scenario", "StrataEngine",
+           "StrataFlags", "TraceSource", "Workload",
            "canonical", "load_scenario", "scenario_hash"]

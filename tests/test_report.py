@@ -1,4 +1,8 @@
-"""The HTML report (structure, offline, figure specs) and the Perfetto trace export."""
+"""The HTML report (structure, offline, figure specs), its miss-ratio curves and the Perfetto trace export.
+
+Oracles of the miss-ratio figure: an OrderedDict LRU replay and a brute-force search over every cache decision
+(load or bypass, which resident to evict) for the most decode hits, both over the pool's accesses written out
+token by token, layer by layer, k in order."""
 
 from __future__ import annotations
 
@@ -6,14 +10,24 @@ import json
 import re
 import subprocess
 import sys
+from collections import OrderedDict
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sim.cache.replay import Geometry
 from sim.engine.run import run_scenario, write_results
+from sim.engine.workload import workload_routing
 from sim.errors import InputError
-from sim.explore.report import build_report, perfetto_trace
+from sim.explore.report import (build_report, hit_rate_curves, load_links, load_routing, perfetto_trace,
+                                report_figures)
 from sim.scenario import load_scenario
+from sim.trace.format import MISSING, Trace, TraceHeader
 
 PER_CLASS = "scenarios/ds4-504-per-class.toml"
 CACHE = "engine.flags.ssd-streaming-cache-experts"
@@ -26,6 +40,15 @@ def run_dir(tmp_path_factory):
     result = run_scenario(load_scenario(PER_CLASS))
     write_results(result, out)
     return out
+
+
+def _values(array) -> list:
+    """A trace's x or y as plotly.py writes it into a spec: a list, or a typed array {"dtype", "bdata"}."""
+    if isinstance(array, dict):
+        import base64
+
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"])).tolist()
+    return list(array)
 
 
 def _specs(page: str) -> list[dict]:
@@ -46,14 +69,17 @@ def test_run_report(run_dir):
     page = build_report(run_dir)
     _assert_offline(page)
     specs = _specs(page)
-    assert len(specs) == 4  # headline table, links table, timeline, hit heatmap
-    assert page.count('class="expertsim-plot"') == 4
+    assert len(specs) == 5  # headline table, links table, timeline, hit heatmap, miss-ratio curves
+    assert page.count('class="expertsim-plot"') == 5
     types = [[t["type"] for t in s["data"]] for s in specs]
     assert types[0] == ["table"] and types[1] == ["table"] and types[3] == ["heatmap"]
+    assert set(types[4]) == {"scatter"}
     summary = json.loads((run_dir / "summary.json").read_text())
-    busy_links = [link["link"] for link in summary["links"] if link["busy_s"] > 0]
-    names = [t.get("name") for t in specs[2]["data"]]
-    assert set(busy_links) <= set(names) and "lent slots" in names and "VRAM" in names
+    busy = {link["link"]: link["busy_s"] for link in summary["links"] if link["busy_s"] > 0}
+    lanes = {t.get("name"): t for t in specs[2]["data"]}
+    assert set(busy) <= set(lanes) and "lent slots" in lanes and "VRAM" in lanes
+    for name, seconds in busy.items():  # the lanes are the booked intervals: per lane they sum to busy_s
+        assert sum(_values(lanes[name]["y"])) == pytest.approx(seconds, rel=1e-9)
     # the heatmap's z is hits / lookups of steps.parquet, per layer and step
     steps = pd.read_parquet(run_dir / "steps.parquet")
     heat = specs[3]["data"][0]
@@ -77,26 +103,45 @@ def test_perfetto_lanes_sum_to_busy(run_dir, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    trace = json.loads(out.read_text())
-    events = trace["traceEvents"]
+    events = json.loads(out.read_text())["traceEvents"]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    links = load_links(run_dir)
+    # the link lanes are links.parquet's intervals, one event each (the run is deterministic: the fixture's
+    # in-process run and this command's run book the same intervals)
+    per_lane = _check_lanes(events, summary, steps)
+    for name, lane in links.groupby("link"):
+        if (lane["end_s"] > lane["start_s"]).any():
+            assert per_lane[name][1] == len(lane)
+    assert len(perfetto_trace(steps, summary, links)["traceEvents"]) == len(events)
+
+
+def test_perfetto_apportioned_without_links(run_dir):
+    """A results folder without links.parquet: each link's busy time spread over the steps, still per lane."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    per_lane = _check_lanes(perfetto_trace(steps, summary)["traceEvents"], summary, steps)
+    assert per_lane["PCIe H2D"][1] == int((steps["h2d_bytes"] > 0).sum())  # one event per step that copies
+
+
+def _check_lanes(events: list[dict], summary: dict, steps: pd.DataFrame) -> dict[str, tuple[float, int]]:
+    """Every lane: events never overlap; link lanes sum to the link's busy_s, the steps lane to the steps' time.
+    Returns per lane (summed seconds, events)."""
     threads = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     complete = [e for e in events if e["ph"] == "X"]
     assert complete and all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
-    per_lane: dict[str, float] = {}
+    per_lane: dict[str, tuple[float, int]] = {}
     for e in complete:
-        per_lane[threads[e["tid"]]] = per_lane.get(threads[e["tid"]], 0.0) + e["dur"]
+        seconds, n = per_lane.get(threads[e["tid"]], (0.0, 0))
+        per_lane[threads[e["tid"]]] = (seconds + e["dur"] / 1e6, n + 1)
     assert "steps" in per_lane and "request 0" in per_lane
     for link in summary["links"]:
         if link["busy_s"] > 0:
-            assert per_lane[link["link"]] / 1e6 == pytest.approx(link["busy_s"], rel=0.01)
-    steps = pd.read_parquet(run_dir / "steps.parquet")
-    assert per_lane["steps"] / 1e6 == pytest.approx((steps["end_s"] - steps["start_s"]).sum(), rel=0.01)
-    # a lane's events never overlap (one thread)
-    for tid in threads:
+            assert per_lane[link["link"]][0] == pytest.approx(link["busy_s"], rel=1e-9)
+    assert per_lane["steps"][0] == pytest.approx((steps["end_s"] - steps["start_s"]).sum(), rel=1e-9)
+    for tid in threads:  # one thread: its events never overlap (1 ns of slack for µs rounding)
         lane = sorted((e["ts"], e["dur"]) for e in complete if e["tid"] == tid)
         assert all(a[0] + a[1] <= b[0] + 1e-3 for a, b in zip(lane, lane[1:]))
-    # the library function gives the same lanes
-    assert len(perfetto_trace(steps, summary)["traceEvents"]) == len(events)
+    return per_lane
 
 
 def test_sweep_report(tmp_path):
@@ -153,4 +198,198 @@ def test_report_cli(run_dir, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)
-    assert payload["figures"] == 4 and target.is_file() and payload["bytes"] == target.stat().st_size
+    assert payload["figures"] == 5 and target.is_file() and payload["bytes"] == target.stat().st_size
+
+
+# ----------------------------------------------------------------------------------- miss-ratio curves
+
+
+def _pool_accesses(experts: np.ndarray, phase: np.ndarray, class_of_layer: np.ndarray, c: int) -> list[tuple]:
+    """(key, is_decode) of class c's pool in lookup order: token by token, layer by layer, k in order."""
+    n_experts = int(experts.max()) + 1
+    out = []
+    for row in range(experts.shape[0]):
+        for layer in range(experts.shape[1]):
+            if class_of_layer[layer] == c and experts[row, layer, 0] != MISSING:
+                out += [(layer * n_experts + int(e), bool(phase[row])) for e in experts[row, layer]]
+    return out
+
+
+def _lru_decode_hits(accesses: list[tuple], capacity: int) -> int:
+    cache: OrderedDict = OrderedDict()
+    hits = 0
+    for key, decode in accesses:
+        if key in cache:
+            cache.move_to_end(key)
+            hits += decode
+        elif capacity:
+            if len(cache) == capacity:
+                cache.popitem(last=False)
+            cache[key] = True
+    return hits
+
+
+def _best_decode_hits(accesses: list[tuple], capacity: int) -> int:
+    """Brute force: every cache's choices on a miss (bypass, load into a free slot, or evict any resident),
+    the most decode hits over all of them."""
+    best = {frozenset(): 0}  # cache contents -> most decode hits so far
+    for key, decode in accesses:
+        after: dict = {}
+        for held, hits in best.items():
+            if key in held:
+                options = [(held, hits + decode)]
+            else:
+                options = [(held, hits)]
+                if len(held) < capacity:
+                    options.append((held | {key}, hits))
+                options += [((held - {old}) | {key}, hits) for old in held]
+            for state, h in options:
+                after[state] = max(after.get(state, -1), h)
+        best = after
+    return max(best.values())
+
+
+def _routing_folder(folder, experts, phase, class_of_layer, expert_bytes, summary, steps) -> None:
+    """A run results folder by hand: routing.parquet cell by cell in the format write_results documents."""
+    folder.mkdir()
+    rows, layers = np.nonzero(experts[:, :, 0] != MISSING)
+    is_decode = phase[rows] == 1
+    token = np.where(is_decode, rows - int((phase == 0).sum()), rows)
+    pq.write_table(pa.table({
+        "phase": np.where(is_decode, "decode", "prefill"), "token": token.astype(np.int32),
+        "layer": layers.astype(np.int16), "class": class_of_layer[layers].astype(np.int16),
+        "expert_bytes": expert_bytes[layers].astype(np.int64),
+        "experts": pa.FixedSizeListArray.from_arrays(pa.array(experts[rows, layers].reshape(-1)), experts.shape[2]),
+    }), folder / "routing.parquet")
+    (folder / "summary.json").write_text(json.dumps(summary))
+    steps.to_parquet(folder / "steps.parquet", index=False)
+
+
+# 3 layers of 4 experts, top-2: layers 0 and 1 are size class 0, layer 2 class 1; 3 prompt tokens, then 4 decode
+TINY = np.array([
+    [[0, 1], [2, 3], [0, 1]],
+    [[1, 2], [2, 3], [1, 2]],
+    [[3, 0], [0, 1], [3, 0]],
+    [[0, 1], [2, 3], [1, 2]],
+    [[2, 3], [3, 0], [0, 1]],
+    [[0, 1], [2, 3], [3, 0]],
+    [[1, 2], [1, 0], [0, 1]],
+], np.uint16)
+TINY_PHASE = np.array([0, 0, 0, 1, 1, 1, 1], np.uint8)
+TINY_CLASS = np.array([0, 0, 1], np.int16)
+
+
+def test_mrc_figure_known_answers(tmp_path):
+    """The plotted LRU points equal an OrderedDict LRU at every size, the Belady points the brute-force best, and
+    the run's marker is its per-class decode hits / lookups from steps.parquet, at its per-class slots."""
+    steps = pd.DataFrame({"request": 0, "phase": ["decode"] * 3 + ["prefill"], "step": [0, 0, 0, 0],
+                          "layer": [0, 1, 2, 0], "start_s": 0.0, "end_s": 1.0, "lookups": [8, 8, 8, 6],
+                          "hits": [3, 5, 1, 6]})
+    summary = {"engine": "hand", "measured_request": 0, "engine_state": {"cache_slots_per_class": [3, 2]}}
+    _routing_folder(tmp_path / "run", TINY, TINY_PHASE, TINY_CLASS, np.array([1000, 1000, 3000]), summary, steps)
+    figure = dict(report_figures(tmp_path / "run")[1])["Miss-ratio curves"]
+    seen = set()
+    for trace in figure.data:
+        c = int(trace.name.split(":")[0].split()[1])
+        accesses = _pool_accesses(TINY, TINY_PHASE, TINY_CLASS, c)
+        lookups = sum(decode for _, decode in accesses)
+        kind = trace.name.rsplit(", ", 1)[1]
+        seen.add((c, kind))
+        for slots, y in zip(trace.x, trace.y):
+            # row 1 plots the hit rate; row 2 the miss ratio, with a gap (None) where it is 0 (a log axis)
+            rate = y if trace.yaxis == "y" else 1 if y is None else 1 - y
+            if kind == "LRU":
+                assert rate == pytest.approx(_lru_decode_hits(accesses, slots) / lookups)
+            elif kind == "Belady bound":
+                assert rate == pytest.approx(_best_decode_hits(accesses, slots) / lookups)
+            else:
+                assert kind == "this run" and slots == [3, 2][c]
+                assert rate == pytest.approx([(3 + 5) / 16, 1 / 8][c])
+    assert seen == {(c, k) for c in (0, 1) for k in ("LRU", "Belady bound", "this run")}
+    # by hand, class 1 (layer 2) with 1 slot, decode lookups 1 2 | 0 1 | 3 0 | 0 1: LRU hits only the 0 of the last
+    # token (after 3 0); the bound keeps 0 from the prompt and hits it in tokens 1, 2 and 3: 3 of 8
+    lru = [t for t in figure.data if t.name.startswith("class 1") and t.name.endswith("LRU") and t.yaxis == "y"][0]
+    bound = [t for t in figure.data if t.name.startswith("class 1") and "Belady" in t.name and t.yaxis == "y"][0]
+    assert lru.y[list(lru.x).index(1)] == 1 / 8 and bound.y[list(bound.x).index(1)] == 3 / 8
+
+
+def _random_routing(draw):
+    n_layers = draw(st.integers(1, 3))
+    n_experts = draw(st.integers(2, 4))
+    top_k = draw(st.integers(1, min(2, n_experts)))
+    prompt, decode = draw(st.integers(0, 5)), draw(st.integers(1, 5))
+    rows = [[sorted(draw(st.sets(st.integers(0, n_experts - 1), min_size=top_k, max_size=top_k)))
+             for _ in range(n_layers)] for _ in range(prompt + decode)]
+    classes = np.array([draw(st.integers(0, n_layers - 1)) for _ in range(n_layers)], np.int16)
+    classes = np.unique(classes, return_inverse=True)[1].astype(np.int16)  # classes 0..n-1, each used
+    return np.array(rows, np.uint16), np.r_[np.zeros(prompt), np.ones(decode)].astype(np.uint8), classes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_mrc_curves_against_oracles(data):
+    """Random small routings: LRU = OrderedDict at every size, Belady = brute force, and never below the LRU."""
+    experts, phase, classes = _random_routing(data.draw)
+    header = TraceHeader("hand", experts.shape[1], int(experts.max()) + 1, experts.shape[2], "test", "")
+    trace = Trace(header, np.zeros(len(phase)), np.arange(len(phase)), phase, experts)
+    ones = np.ones(experts.shape[1], np.int64)
+    geometry = Geometry(experts.shape[1], header.n_experts, ones, classes, ones[: int(classes.max()) + 1])
+    curves = hit_rate_curves(trace, geometry)
+    for (c, policy), part in curves.groupby(["class", "policy"]):
+        accesses = _pool_accesses(experts, phase, classes, c)
+        oracle = _lru_decode_hits if policy == "lru" else _best_decode_hits
+        assert part["hits"].tolist() == [oracle(accesses, s) for s in part["slots"]]
+    lru = curves[curves["policy"] == "lru"].set_index(["class", "slots"])["hit_rate"]
+    belady = curves[curves["policy"] == "belady"].set_index(["class", "slots"])["hit_rate"]
+    assert (belady >= lru.loc[belady.index]).all()
+
+
+def test_routing_file_keeps_what_the_curves_need(run_dir, tmp_path):
+    """routing.parquet keeps the decode cells and, of the prompt, the cells of each key's last access: the curves
+    equal those of the whole prompt, written here from the scenario's routing."""
+    scenario = load_scenario(PER_CLASS)
+    request = workload_routing(scenario).requests[0]
+    trace, geometry = load_routing(run_dir)
+    assert (trace.experts[trace.phase == 1] == request.decode).all()
+    assert (trace.phase == 0).sum() < len(request.prompt) / 2
+    experts = np.concatenate([request.prompt, request.decode])
+    phase = np.r_[np.zeros(len(request.prompt)), np.ones(len(request.decode))].astype(np.uint8)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    _routing_folder(tmp_path / "whole", experts, phase, geometry.class_of_layer, geometry.expert_bytes, summary,
+                    pd.read_parquet(run_dir / "steps.parquet"))
+    whole = hit_rate_curves(*load_routing(tmp_path / "whole"))
+    pd.testing.assert_frame_equal(hit_rate_curves(trace, geometry), whole)
+
+
+def test_run_marker_and_bound_on_the_run(run_dir):
+    """On the ds4 run: the marker sits at the engine's per-class slots, at the steps' per-class decode hit rate;
+    the bound there is at least the run's hit rate (no cache of that size can beat it)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    figure = dict(report_figures(run_dir)[1])["Miss-ratio curves"]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    decode = steps[(steps["phase"] == "decode") & (steps["request"] == summary["measured_request"])]
+    _, geometry = load_routing(run_dir)
+    for c, slots in enumerate(summary["engine_state"]["cache_slots_per_class"]):
+        mine = decode[np.isin(decode["layer"], np.flatnonzero(geometry.class_of_layer == c))]
+        [marker] = [t for t in figure.data if t.name.startswith(f"class {c}:") and t.name.endswith("this run")
+                    and t.yaxis == "y"]
+        assert list(marker.x) == [slots] and marker.y[0] == pytest.approx(mine["hits"].sum() / mine["lookups"].sum())
+        [bound] = [t for t in figure.data if t.name.startswith(f"class {c}:") and "Belady" in t.name
+                   and t.yaxis == "y"]
+        assert bound.y[list(bound.x).index(slots)] >= marker.y[0]
+
+
+def test_bad_routing_file(run_dir, tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for name in ("summary.json", "steps.parquet"):
+        (folder / name).write_bytes((run_dir / name).read_bytes())
+    table = pq.read_table(run_dir / "routing.parquet")
+    pq.write_table(table.drop_columns(["class"]), folder / "routing.parquet")
+    with pytest.raises(InputError, match="class"):
+        build_report(folder)
+    frame = table.to_pandas()
+    frame.loc[0, "phase"] = "decode"  # a decode row before prompt rows
+    pq.write_table(pa.Table.from_pandas(frame.astype({"phase": str})), folder / "routing.parquet")
+    with pytest.raises(InputError, match="prompt's rows come before"):
+        build_report(folder)

@@ -22,7 +22,7 @@ from sim.trace.format import Trace, TraceHeader, write_trace
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
 EXPECTED = {"ds4-504-slab", "ds4-504-per-class", "strata-658-borrow", "strata-658-own", "strata-658-auto-borrow",
-            "strata-658-auto-own", "conversation-aba", "glm52-mtp-slab", "glm52-mtp-per-class"}
+            "strata-658-auto-own", "conversation-aba", "glm52-mtp-slab", "glm52-mtp-per-class", "replay-qwen3.8-lru"}
 
 
 def test_the_seed_scenarios_ship():
@@ -37,7 +37,8 @@ def test_scenario_loads_and_says_what_it_covers(path):
     s = load_scenario(path)
     assert s.hardware_profile.name == s.hardware
     assert s.layout.name == s.model
-    assert s.compute.prefill_us_per_token_layer.value > 0
+    if s.engine.name != "replay":  # a cache-only replay times nothing: it needs no compute figures
+        assert s.compute.prefill_us_per_token_layer.value > 0
     assert len(s.measured) == 1
     assert scenario_hash(s) == scenario_hash(load_scenario(path))
 
@@ -326,19 +327,21 @@ def _paths(node, prefix=()):
 
 KEYS = ["name", "variant", "flags", "env", "hardware", "model", "trace", "path", "generator", "seed", "workload",
         "requests", "prompt_tokens", "expert-cache", "prefill", "prefill-chunk", "ssd-streaming-cache-experts",
-        "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", "STRATA_PREFILL_OWN_AUTO", "conversation", "model_class"]
+        "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", "STRATA_PREFILL_OWN_AUTO", "conversation", "model_class",
+        "policy", "scope", "slots", "prefill-mode", "profile"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.integers(-3, 30000),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
     st.sampled_from(["auto", "auto:8192", "9472", "70GB", "0.5", "96", "ds4", "strata", "pre-504", "pr1082",
                      "fork-658", "v0.1.35", "h200", "rtx-4090", "../hardware/h200.toml", "x.gguf", "t.parquet",
                      "qwen3.8-flash-next-iq3s", "deepseek-v4-flash-q2", "deepseek-v4-flash", "A", "a" * 300,
-                     "hardware/rtx-4090.toml", "/", "", "@trace"]))
+                     "hardware/rtx-4090.toml", "/", "", "@trace", "replay", "opt", "ds4-slab", "class", "append"]))
 PRESENT = SCALARS.filter(lambda v: v is not None)  # TOML has no null: None means "delete the key"
 VALUES = st.one_of(SCALARS, st.lists(PRESENT, max_size=3),
                    st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), PRESENT, max_size=3))
 BASES = [tomllib.loads(DS4), tomllib.loads(STRATA),
-         tomllib.loads((ROOT / "scenarios" / "conversation-aba.toml").read_text())]
+         tomllib.loads((ROOT / "scenarios" / "conversation-aba.toml").read_text()),
+         tomllib.loads((ROOT / "scenarios" / "replay-qwen3.8-lru.toml").read_text())]
 
 
 def _mutate(data, draw) -> None:

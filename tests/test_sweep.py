@@ -1,16 +1,20 @@
-"""Sweeps: grid parsing, one-line errors, Parquet points appended at once, resume, failing points, Dask."""
+"""Sweeps: grid parsing, one-line errors, Parquet points appended at once, resume, failing points, Dask, and the
+one-pass miss-ratio-curve path of cache-only LRU grids (rows equal to a replay per point)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from sim.errors import InputError
-from sim.explore.sweep import expand_grid, load_sweep, run_sweep
+from sim.explore.sweep import expand_grid, load_sweep, plan_tasks, run_mrc_points, run_point, run_sweep
+from sim.trace.format import Trace, TraceHeader, write_trace
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 PER_CLASS = SCENARIOS / "ds4-504-per-class.toml"
@@ -146,3 +150,121 @@ def test_dask_local_cluster_gives_the_same_rows(four, tmp_path):
     local = load_sweep(four[0]).drop(columns=["wall_s"])
     local = local[local["point_id"].isin(dask_rows["point_id"])].reset_index(drop=True)
     assert dask_rows.equals(local)
+
+
+# ------------------------------------------------------------------------------- the one-pass MRC path
+
+REPLAY = SCENARIOS / "replay-qwen3.8-lru.toml"
+SLOTS = "engine.flags.slots"
+SHORT = ["workload.requests.0.prompt_tokens=1024", "workload.requests.0.decode_tokens=256"]  # a quick workload
+
+
+@pytest.fixture(scope="module")
+def replay_sweeps(tmp_path_factory):
+    """One grid of a cache-only evicting LRU, swept by the one-pass path and by a replay per point."""
+    out = tmp_path_factory.mktemp("replay")
+    points = expand_grid(REPLAY, ["engine.flags.scope=layer,class,global", f"{SLOTS}=0:512:32", *SHORT])
+    results = {mrc: run_sweep(points, out / f"mrc-{mrc}", workers=1, mrc=mrc) for mrc in (True, False)}
+    return points, results, out
+
+
+def test_mrc_rows_equal_a_replay_per_point(replay_sweeps):
+    points, results, out = replay_sweeps
+    assert len(points) == 3 * 17
+    assert all(len(r.computed) == len(points) and not r.failed for r in results.values())
+    assert [(t.method, len(t.points)) for t in plan_tasks(points)] == [("mrc", 17)] * 3  # a curve per scope
+    fast, slow = load_sweep(out / "mrc-True"), load_sweep(out / "mrc-False")
+    assert (fast["method"] == "mrc").all() and (slow["method"] == "run").all()
+    same = [c for c in slow.columns if c not in ("method", "wall_s")]
+    assert fast[same].equals(slow[same])  # every point, every column, to the bit
+    for _, scope in fast.groupby("engine.flags.scope"):
+        by_slots = scope.sort_values(SLOTS)
+        assert by_slots["hit_rate"].is_monotonic_increasing and by_slots["hit_rate"].iloc[0] == 0
+    assert fast["decode_tok_s"].isna().all() and fast["error"].isna().all()
+
+
+def test_resume_recomputes_the_missing_points_of_a_group(replay_sweeps, tmp_path):
+    points, _, out = replay_sweeps
+    shutil.copytree(out / "mrc-True", tmp_path / "copy")
+    gone = sorted((tmp_path / "copy" / "points").glob("*.parquet"))[:2]
+    for f in gone:
+        f.unlink()
+    result = run_sweep(points, tmp_path / "copy", workers=1, resume=True)
+    assert sorted(result.computed) == sorted(f.stem for f in gone) and len(result.resumed) == len(points) - 2
+    again = load_sweep(tmp_path / "copy").drop(columns=["wall_s"])
+    assert again.equals(load_sweep(out / "mrc-True").drop(columns=["wall_s"]))
+
+
+@pytest.mark.parametrize("scenario, grid, methods", [
+    (REPLAY, [f"{SLOTS}=64,128"], ["mrc", "mrc"]),
+    (REPLAY, [f"{SLOTS}=64,128", "engine.flags.policy=lfu"], ["run", "run"]),
+    (REPLAY, [f"{SLOTS}=64,128", "engine.flags.prefill-mode=append"], ["run", "run"]),  # not a stack algorithm
+    (REPLAY, [f"{SLOTS}=64,128", "engine.flags.policy=opt,lru"], ["run", "mrc", "run", "mrc"]),
+    (REPLAY, ["engine.flags.scope=layer,class"], ["run", "run"]),  # the slot count is not a dimension
+    (PER_CLASS, [f"{CACHE}=2048,4096"], ["run", "run"]),  # an engine, not a pure LRU
+])
+def test_only_an_evicting_lru_over_slot_counts_takes_the_one_pass_path(scenario, grid, methods):
+    points = expand_grid(scenario, grid)
+    method = {p.point_id: task.method for task in plan_tasks(points) for p in task.points}
+    assert [method[p.point_id] for p in points] == methods
+    assert all(t.method == "run" for t in plan_tasks(points, mrc=False))
+
+
+def test_a_grid_that_cannot_use_the_curve_runs_each_point(tmp_path):
+    points = expand_grid(REPLAY, [f"{SLOTS}=64,128", "engine.flags.prefill-mode=evict,append", *SHORT])
+    result = run_sweep(points, tmp_path / "mixed", workers=1)
+    frame = load_sweep(tmp_path / "mixed").set_index(["engine.flags.prefill-mode", SLOTS])
+    assert len(result.computed) == 4 and not result.failed
+    assert list(frame.sort_index()["method"]) == ["run", "run", "mrc", "mrc"]  # append, then evict
+    # another cache than the evicting LRU the curve describes: its figures are its own
+    assert (frame.loc["append", "misses"].to_numpy() != frame.loc["evict", "misses"].to_numpy()).all()
+
+
+def test_a_point_that_does_not_load_fails_alone_and_its_group_completes(tmp_path):
+    # 600 slots fit the global pool (48 x 512 experts) but no single layer's 512
+    points = expand_grid(REPLAY, ["engine.flags.scope=layer,global", f"{SLOTS}=256,600", *SHORT])
+    result = run_sweep(points, tmp_path / "fail", workers=1)
+    frame = load_sweep(tmp_path / "fail").set_index(["engine.flags.scope", SLOTS])
+    assert len(result.failed) == 1 and len(result.computed) == 4
+    assert "engine.flags.slots = 600: 600 slots in pool 0" in frame.loc[("layer", 600), "error"]
+    assert pd.isna(frame.loc[("layer", 600), "method"])
+    assert (frame.drop(index=("layer", 600))["method"] == "mrc").all()
+
+
+def test_a_group_that_fails_at_run_time_gives_each_point_the_error_a_run_gives(tmp_path):
+    shutil.copytree(SCENARIOS / "hardware", tmp_path / "hardware")
+    rng = np.random.default_rng(0)
+    experts = np.stack([rng.permutation(512)[:10] for _ in range(4 * 48)]).reshape(4, 48, 10)
+    write_trace(Trace(TraceHeader("qwen3.8-flash-next-iq3s", 48, 512, 10, "test", "0" * 64), np.zeros(4),
+                      np.arange(4), np.zeros(4), experts), tmp_path / "short.parquet")
+    text = REPLAY.read_text().replace('generator = "qwen3.8-flash-next-iq3s"\nseed = 0', 'path = "short.parquet"')
+    (tmp_path / "s.toml").write_text(text)  # the trace has 4 prompt rows and no decode; the workload asks for more
+    points = expand_grid(tmp_path / "s.toml", [f"{SLOTS}=64,128"])
+    group = run_mrc_points(str(tmp_path / "s.toml"), [(p.data, p.overrides, p.point_id, p.scenario_hash)
+                                                        for p in points])
+    each = [run_point(p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash) for p in points]
+    assert "request 0 decode = 0: the workload needs 1024 tokens" in group[0]["error"]
+    for mrc_row, run_row in zip(group, each):
+        assert {k: v for k, v in mrc_row.items() if k not in ("method", "wall_s")} == \
+               {k: v for k, v in run_row.items() if k not in ("method", "wall_s")}
+
+
+def test_cli_sweep_json_says_which_path_made_each_row(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sim", "sweep", str(REPLAY), "--grid", f"{SLOTS}=64,128",
+                           *[a for g in SHORT for a in ("--grid", g)], "-o", str(tmp_path / "cli"), "--json"],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["rows"]
+    assert [r["method"] for r in rows] == ["mrc", "mrc"] and rows[0]["hit_rate"] < rows[1]["hit_rate"]
+    assert rows[0]["decode_tok_s"] is None and rows[0]["misses"] > rows[1]["misses"]
+
+
+def test_bench_rows_of_the_one_pass_sweep_on_a_tiny_grid():
+    from sim.explore.bench import mrc_sweep_rows
+
+    rows = {r["name"]: r for r in mrc_sweep_rows((f"{SLOTS}=64,128", *SHORT))}
+    assert set(rows) == {"sweep_mrc_cache_sizes", "sweep_per_point_cache_sizes", "sweep_mrc_speedup",
+                         "sweep_mrc_compute_speedup"}
+    assert rows["sweep_mrc_cache_sizes"]["value"] > 0 and rows["sweep_per_point_cache_sizes"]["value"] > 0
+    assert "2 cache sizes" in rows["sweep_mrc_cache_sizes"]["unit"]
+    assert all(set(r) == {"name", "value", "unit", "target", "met"} for r in rows.values())

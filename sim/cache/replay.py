@@ -57,15 +57,20 @@ class Geometry:
             raise InputError(where, "n_layers", h.n_layers,
                              f"model {layout.name} has {layout.n_routed_layers} routed layers "
                              f"(+{len(layout.layers) - layout.n_routed_layers} MTP)")
-        layer_bytes = layout.expert_bytes_per_layer()[: h.n_layers].astype(np.int64)
-        keys = [(layer.gate_bytes, layer.down_bytes) for layer in layout.layers[: h.n_layers]]
+        return cls.of_layout(layout, h.n_layers)
+
+    @classmethod
+    def of_layout(cls, layout, n_layers: int) -> "Geometry":
+        """Geometry of a model's first n_layers layers (routed, then MTP), no trace needed."""
+        layer_bytes = layout.expert_bytes_per_layer()[:n_layers].astype(np.int64)
+        keys = [(layer.gate_bytes, layer.down_bytes) for layer in layout.layers[:n_layers]]
         order: dict = {}
         for key in keys:
             order.setdefault(key, len(order))
         class_of_layer = np.array([order[k] for k in keys], np.int16)
         class_bytes = np.zeros(len(order), np.int64)
         class_bytes[class_of_layer] = layer_bytes
-        return cls(h.n_layers, h.n_experts, layer_bytes, class_of_layer, class_bytes, layout.name)
+        return cls(n_layers, layout.n_experts, layer_bytes, class_of_layer, class_bytes, layout.name)
 
     def pools(self, scope: str) -> np.ndarray:
         if scope == "layer":
@@ -98,6 +103,20 @@ def parse_slots(text: str | int | list, n: int, field_name: str) -> np.ndarray:
     if min(values) < 0:
         raise InputError("cache", field_name, text, "slot counts must be >= 0")
     return np.array(values, np.int64)
+
+
+def capacity_pools(geometry: Geometry, policy: str, scope: str) -> tuple[str, np.ndarray]:
+    """The scope `policy` runs at and, per capacity it takes, the keys that capacity can hold: ds4-slab is one
+    global slab rebuilt for each size class, so it takes one capacity per class."""
+    if policy == "ds4-slab":
+        return "global", geometry.keys_per_pool("class")
+    return scope, geometry.keys_per_pool(scope)
+
+
+def mrc_exact(policy: str, prefill_mode: str) -> bool:
+    """Whether `lru_mrc` gives this cache's hits. Only an LRU whose every miss evicts is a stack algorithm (a
+    bigger cache always holds what a smaller one holds); append mode keeps its first residents."""
+    return policy == "lru" and prefill_mode == "evict"
 
 
 class LRUCache:
@@ -345,6 +364,18 @@ class MissRatioCurve:
     def hits(self, capacity: int) -> int:
         """Hits of an evicting LRU with `capacity` slots in every pool."""
         return int(self.hist[..., 1: capacity + 1].sum())
+
+    def group_hits(self, capacity: int) -> np.ndarray:
+        """int64 [group, phase]: hits of an evicting LRU with `capacity` slots in every pool."""
+        return self.hist[..., 1: capacity + 1].sum(axis=-1)
+
+    def group_lookups(self) -> np.ndarray:
+        """int64 [group, phase]: every access, a re-use (at some distance) or a first one."""
+        return self.hist.sum(axis=-1) + self.cold
+
+    def group_bytes(self) -> np.ndarray:
+        """int64 [group]: the expert bytes of each group's layers (a size class shares one size)."""
+        return self.geometry.expert_bytes if self.scope == "layer" else self.geometry.class_bytes
 
     def curve(self) -> pd.DataFrame:
         """Per size class: hits, misses and miss ratio for every capacity 0..keys in the pool, in slots

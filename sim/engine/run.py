@@ -4,7 +4,10 @@ Results of a run (`expertsim run SCENARIO -o DIR`):
 - summary.json: the headline metrics (docs/metrics.md) and the provenance of the run;
 - steps.parquet: one row per engine step (a layer of a decode token or of a prefill chunk);
 - copy_plan.parquet: per step, the copies the engine makes (kind, count, bytes each, source, destination),
-  which the GPU calibration replays.
+  which the GPU calibration replays;
+- links.parquet: every busy interval of every link (link, start_s, end_s, bytes, ops, kind; sim/engine/timeline.py);
+- routing.parquet: the measured request's routing as the engine looked it up, one row per (token, layer) cell:
+  phase, token, layer, size class, expert bytes, experts (the report's miss-ratio curves, docs/report.md).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pandas as pd
 import simpy
 
 from sim import __version__
-from sim.engine.timeline import Recorder, hit_rate, safe_rate
+from sim.engine.timeline import Recorder, hit_rate, link_frame, safe_rate
 from sim.engine.workload import workload_routing
 from sim.errors import InputError
 
@@ -38,11 +41,18 @@ class RunResult:
     steps: pd.DataFrame
     copies: pd.DataFrame
     timings: pd.DataFrame
+    links: tuple = ()  # the engine's Links: write_results writes their busy intervals
+    scenario: object = None  # with routing: write_results writes the measured request's routing
+    routing: object = None  # WorkloadRouting
 
 
 def run_scenario(scenario) -> RunResult:
     from sim.scenario import scenario_hash
 
+    if scenario.engine.name == "replay":  # no engine: the workload through one cache, counts only
+        from sim.engine.cache_only import run_replay
+
+        return run_replay(scenario)
     routing = workload_routing(scenario)
     recorder = Recorder()
     engine = _engine_class(scenario.engine.name)(scenario, routing, recorder)
@@ -93,7 +103,47 @@ def run_scenario(scenario) -> RunResult:
             "command_line": scenario.command_line(),
         },
     }
-    return RunResult(summary, steps, copies, timing)
+    return RunResult(summary, steps, copies, timing, tuple(engine.links.values()), scenario, routing)
+
+
+def routing_table(scenario, routing, request: int):
+    """routing.parquet: the request's routing as the engines look it up, one row per recorded (token, layer) cell
+    with the layer's size class (sim.cache.replay.Geometry order) and expert bytes. Decode rows: every cell
+    (routed layers, then the MTP draft's layers when the scenario runs MTP). Prompt rows (routed layers): only
+    the cells that hold some key's last prompt access. The rest of the prompt changes neither the recency order
+    of the keys at the first decode token nor the set of keys the prompt touched, which is all an LRU's or the
+    Belady bound's decode hits depend on (docs/report.md), and it is most of the bytes: strata-658-borrow's
+    17,944-token prompt takes 10 MB whole, 0.13 MB kept."""
+    import numpy as np
+    import pyarrow as pa
+
+    from sim.cache.replay import Geometry
+    from sim.engine.workload import runs_mtp
+    from sim.trace.format import MISSING
+
+    r = routing.requests[request]
+    n_routed, n_experts, top_k = scenario.layout.n_routed_layers, scenario.layout.n_experts, r.prompt.shape[2]
+    decode = r.decode[:, :n_routed]
+    if runs_mtp(scenario) and r.mtp is not None:
+        decode = np.concatenate([decode, r.mtp[: len(decode)]], axis=1)
+    geometry = Geometry.of_layout(scenario.layout, decode.shape[1])
+    prompt = r.prompt[:, :n_routed]
+    p_token, p_layer = np.nonzero(prompt[:, :, 0] != MISSING)
+    keys = (p_layer[:, None].astype(np.int64) * n_experts + prompt[p_token, p_layer]).reshape(-1)
+    _, last_from_end = np.unique(keys[::-1], return_index=True)
+    keep = np.unique((len(keys) - 1 - last_from_end) // top_k)  # the cells of the last accesses, in order
+    d_token, d_layer = np.nonzero(decode[:, :, 0] != MISSING)
+    phase = np.r_[np.full(len(keep), "prefill", object), np.full(len(d_token), "decode", object)]
+    token, layer = np.r_[p_token[keep], d_token], np.r_[p_layer[keep], d_layer]
+    cells = np.concatenate([prompt[p_token[keep], p_layer[keep]], decode[d_token, d_layer]])
+    return pa.table({
+        "phase": pa.array(phase, pa.string()).dictionary_encode(),
+        "token": pa.array(token.astype(np.int32)),
+        "layer": pa.array(layer.astype(np.int16)),
+        "class": pa.array(geometry.class_of_layer[layer].astype(np.int16)),
+        "expert_bytes": pa.array(geometry.expert_bytes[layer].astype(np.int64)),
+        "experts": pa.FixedSizeListArray.from_arrays(pa.array(cells.reshape(-1).astype(np.uint16)), top_k),
+    })
 
 
 def write_results(result: RunResult, out_dir: str | Path) -> dict:
@@ -106,6 +156,15 @@ def write_results(result: RunResult, out_dir: str | Path) -> dict:
         result.steps.to_parquet(paths["steps"], index=False)
         result.copies.to_parquet(paths["copy_plan"], index=False)
         result.timings.to_parquet(paths["requests"], index=False)
+        if result.links:
+            paths["links"] = out / "links.parquet"
+            link_frame(result.links).to_parquet(paths["links"], index=False)
+        if result.routing is not None:
+            import pyarrow.parquet as pq
+
+            paths["routing"] = out / "routing.parquet"
+            pq.write_table(routing_table(result.scenario, result.routing, result.summary["measured_request"]),
+                           paths["routing"], compression="zstd")
     except OSError as exc:
         raise InputError(str(out), "output", str(out), f"cannot write results: {exc.strerror}") from None
     return {k: str(v) for k, v in paths.items()}

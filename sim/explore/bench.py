@@ -143,6 +143,40 @@ def sweep_rows(n_points: int = 1000, speedup_points: int = 100) -> list[dict]:
     return rows
 
 
+# The one-pass sweep benchmark (issue 5): a cache-only evicting LRU over 64 slot counts per layer, its rows from
+# one miss-ratio curve vs a replay per point, same grid, same worker processes (pool start-up included in both).
+MRC_SCENARIO = "replay-qwen3.8-lru"
+MRC_GRID = "engine.flags.slots=8:512:8"
+
+
+def mrc_sweep_rows(grid: tuple[str, ...] = (MRC_GRID,)) -> list[dict]:
+    """Wall seconds of the grid's sweep by the one-pass path and by a replay per point, and the speed-up; then
+    the same two computations in this process with imports, numba and the routing memo warm (best of 1 after a
+    warm-up), which is how the two paths scale with the number of points, pool start-up left out."""
+    from sim.explore.sweep import expand_grid, run_mrc_points, run_point, run_sweep
+
+    points = expand_grid(Path(__file__).resolve().parents[2] / "scenarios" / f"{MRC_SCENARIO}.toml", list(grid))
+    wall = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mrc in (True, False):
+            start = time.perf_counter()
+            run_sweep(points, Path(tmp) / f"mrc-{mrc}", executor="processes", workers=SWEEP_WORKERS, mrc=mrc)
+            wall[mrc] = time.perf_counter() - start
+    items = [(p.data, p.overrides, p.point_id, p.scenario_hash) for p in points]
+    path = points[0].scenario_path
+    compute = {True: _best_seconds(lambda: run_mrc_points(path, items), repeats=1),
+               False: _best_seconds(lambda: [run_point(path, *item) for item in items], repeats=1)}
+    where = f"{len(points)} cache sizes of {MRC_SCENARIO}"
+    return [_row("sweep_mrc_cache_sizes", round(wall[True], 2), f"s wall, one-pass curve ({where}, "
+                                                                 f"{SWEEP_WORKERS} worker processes)"),
+            _row("sweep_per_point_cache_sizes", round(wall[False], 2), f"s wall, a replay per point ({where}, "
+                                                                       f"{SWEEP_WORKERS} worker processes)"),
+            _row("sweep_mrc_speedup", round(wall[False] / wall[True], 1), "x wall, per point / one-pass"),
+            _row("sweep_mrc_compute_speedup", round(compute[False] / compute[True], 1),
+                 f"x in one warm process ({compute[False]:.2f} s for a replay per point, {compute[True]:.2f} s "
+                 f"one-pass; {where})")]
+
+
 def run_bench(decode_tokens: int = 100_000, sweep: bool = True) -> list[dict]:
     rows = []
     start = time.perf_counter()
@@ -185,6 +219,7 @@ def run_bench(decode_tokens: int = 100_000, sweep: bool = True) -> list[dict]:
     rows += _scenario_rows()
     if sweep:
         rows += sweep_rows()
+        rows += mrc_sweep_rows()
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rows.append(_row("peak_rss", round(peak_mib, 1), "MiB"))
     return rows

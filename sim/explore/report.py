@@ -7,11 +7,16 @@
 The HTML embeds the plotly.js bundle inline (no CDN, no network) and each figure's spec as a JSON
 `<script type="application/json" class="expertsim-figure">` block, drawn by a small inline script.
 
-Link lanes (timeline figure and Perfetto trace): steps.parquet records each step's bytes and its start and end,
-not each link's busy intervals, so a link's busy time (summary `links`) is apportioned over the steps: byte links
-by the step's share of the bytes they move (PCIe H2D and host memcpy by h2d_bytes, D2D by d2d_bytes, D2H by
-d2h_bytes, file/SSD by file_read_bytes), the others (GPU compute, host calls, stream syncs) by the step's share of
-the stepped time. Per lane the totals are exact; the placement within the run is an estimate.
+Link lanes (timeline figure and Perfetto trace) are the links' busy intervals as the engine booked them
+(links.parquet, sim/engine/timeline.py `Link`). A results folder written before links.parquet existed has only
+each step's bytes, start and end, so there a link's busy time (summary `links`) is apportioned over the steps:
+byte links by the step's share of the bytes they move (PCIe H2D and host memcpy by h2d_bytes, D2D by d2d_bytes,
+D2H by d2h_bytes, file/SSD by file_read_bytes), the others (GPU compute, host calls, stream syncs) by the step's
+share of the stepped time. Per lane the totals are exact; the placement within the run is an estimate.
+
+Miss-ratio curves (routing.parquet, the measured request's routing): per size class, the decode hit rate of an
+evicting LRU at every cache size from one Mattson pass (sim.cache.replay.lru_mrc) and the Belady bound at a few
+sizes from the OPT kernel, next to the run's own capacity and hit rate (see `hit_rate_curves`).
 """
 
 from __future__ import annotations
@@ -23,10 +28,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.engine.timeline import LINK_COLUMNS
 from sim.errors import InputError
+from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL
 
 RUN_FILES = ("summary.json", "steps.parquet")
 SWEEP_METRICS = ("decode_tok_s", "prefill_tok_s")
+ROUTING_COLUMNS = ("phase", "token", "layer", "class", "expert_bytes", "experts")  # sim.engine.run.routing_table
+# Cache sizes per size class of the miss-ratio figure, log-spaced from 1 slot to every key the request touches.
+# The exact LRU curve has one value per slot count (up to 37 x 256 = 9,472 for ds4's q2 class): 200 points keep
+# its shape and the figure's JSON to a few tens of kB. The Belady bound costs one OPT replay per size: 12.
+LRU_POINTS = 200
+BELADY_POINTS = 12
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -66,6 +79,224 @@ def load_run(results: str | Path) -> tuple[dict, pd.DataFrame]:
     return summary, steps
 
 
+def _read_table(results: Path, name: str, columns: tuple[str, ...]):
+    """An optional file of a run folder (absent in folders written before it existed) as a pyarrow Table: None
+    when missing."""
+    import pyarrow.parquet as pq
+
+    path = results / name
+    if not path.exists():
+        return None
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable Parquet is bad input
+        raise InputError(str(results), name, str(path), f"unreadable: {type(exc).__name__}") from None
+    if not set(columns) <= set(table.column_names):
+        raise InputError(str(results), name, ", ".join(sorted(set(columns) - set(table.column_names))),
+                         "missing columns")
+    return table
+
+
+def load_links(results: str | Path) -> pd.DataFrame | None:
+    """links.parquet of a run folder: every busy interval of every link; None when the folder has none."""
+    table = _read_table(Path(results), "links.parquet", LINK_COLUMNS)
+    return None if table is None else table.to_pandas()
+
+
+def load_routing(results: str | Path):
+    """routing.parquet of a run folder as (Trace, Geometry), size classes and expert bytes as the run recorded
+    them; None when the folder has none."""
+    import pyarrow.compute as pc
+
+    from sim.cache.replay import Geometry
+    from sim.trace.format import Trace, TraceHeader
+
+    results = Path(results)
+    table = _read_table(results, "routing.parquet", ROUTING_COLUMNS)
+    if table is None:
+        return None
+    where = str(results / "routing.parquet")
+    if not table.num_rows:
+        raise InputError(where, "rows", 0, "no routed cell")
+    lists = table.column("experts").combine_chunks()
+    widths = pc.unique(pc.list_value_length(lists)).to_pylist()
+    if len(widths) != 1 or not widths[0]:
+        raise InputError(where, "experts", widths, "every cell lists the same number (top-k >= 1) of experts")
+    cells = lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, widths[0])
+    frame = table.drop_columns(["experts"]).to_pandas()
+    phase = frame["phase"].astype(str).to_numpy()
+    if not np.isin(phase, ("prefill", "decode")).all():
+        raise InputError(where, "phase", sorted(set(phase) - {"prefill", "decode"})[0], "expected prefill or decode")
+    for name, bad in (("layer", frame["layer"] < 0), ("class", frame["class"] < 0),
+                      ("expert_bytes", frame["expert_bytes"] < 0)):
+        if bad.any():
+            raise InputError(where, name, int(frame[name][bad].iloc[0]), "must be >= 0")
+    if cells.min() < 0 or cells.max() >= int(MISSING):
+        raise InputError(where, "experts", f"{cells.min()}..{cells.max()}", f"expert ids are 0..{int(MISSING) - 1}")
+    # one layer per cell: its size class and expert bytes; one expert size per class
+    per_layer = frame.groupby("layer")[["class", "expert_bytes"]].nunique()
+    per_class = frame.groupby("class")["expert_bytes"].nunique()
+    if (per_layer > 1).any(axis=None) or (per_class > 1).any():
+        raise InputError(where, "class/expert_bytes", "varies", "one size class per layer, one expert size per class")
+    # one trace row per (phase, token), in file order: a new row wherever phase or token changes
+    layer = frame["layer"].to_numpy(np.int64)
+    token = frame["token"].to_numpy(np.int64)
+    new_row = np.r_[True, (phase[1:] != phase[:-1]) | (token[1:] != token[:-1])]
+    row = np.cumsum(new_row) - 1
+    n_layers, n_experts, top_k = int(layer.max()) + 1, int(cells.max()) + 1, cells.shape[1]
+    if len(np.unique(row * n_layers + layer)) != len(row):
+        raise InputError(where, "token/layer", "repeated", "one row per (token, layer) cell")
+    experts = np.full((int(row[-1]) + 1, n_layers, top_k), MISSING, np.uint16)
+    experts[row, layer] = cells
+    first = frame.drop_duplicates("layer")
+    class_of_layer = np.zeros(n_layers, np.int16)  # a layer without cells is never looked up: any class
+    class_of_layer[first["layer"].to_numpy(np.int64)] = first["class"].to_numpy(np.int64)
+    expert_bytes = np.zeros(n_layers, np.int64)
+    expert_bytes[first["layer"].to_numpy(np.int64)] = first["expert_bytes"].to_numpy(np.int64)
+    class_bytes = np.zeros(int(class_of_layer.max()) + 1, np.int64)
+    class_bytes[first["class"].to_numpy(np.int64)] = first["expert_bytes"].to_numpy(np.int64)
+    decode = phase[new_row] == "decode"
+    if decode.any() and not decode[int(np.argmax(decode)):].all():
+        raise InputError(where, "phase", "prefill after decode", "the prompt's rows come before the decode rows")
+    header = TraceHeader("run", n_layers, n_experts, top_k, where, "")
+    trace = Trace(header, np.zeros(len(decode)), np.arange(len(decode)),
+                  np.where(decode, PHASE_DECODE, PHASE_PREFILL), experts)
+    return trace, Geometry(n_layers, n_experts, expert_bytes, class_of_layer, class_bytes)
+
+
+# ------------------------------------------------------------------------------------ miss-ratio curves
+
+
+def _log_sizes(upper: int, n: int) -> np.ndarray:
+    return np.unique(np.round(np.geomspace(1, max(int(upper), 1), n)).astype(np.int64))
+
+
+def decode_bound_hits(trace, geometry, capacity: np.ndarray) -> np.ndarray:
+    """int64 [class]: the most decode hits any cache of `capacity` slots per class can get on this routing
+    (the prompt's rows first, then the decode rows), i.e. the Belady bound of the decode hit rate.
+
+    Such a cache can only hold keys it has been asked for (a miss loads, or bypasses), so at the first decode
+    token it holds at most `capacity` keys the prompt touched; from there MIN (evict the key used last, bypass a
+    newcomer used later than every resident) maximises the decode hits. The prompt's hits are worth nothing, so
+    the best state at the first decode token keeps the prompt keys whose first decode use comes soonest. The OPT
+    kernel does both in one pass when each prompt access is given the key's first decode use as its next use:
+    it then keeps those keys through the prompt, then runs MIN. (MIN over the whole routing with plain next
+    uses, as summary `belady_decode_hit_rate`, maximises prompt + decode hits: it may trade a decode hit for
+    a prompt hit and is then below this bound.)"""
+    from sim.cache import kernels
+
+    experts, n_experts = trace.experts, geometry.n_experts
+    nxt = kernels.next_use(experts, n_experts)
+    rows, layers = np.nonzero(experts[:, :, 0] != MISSING)  # the kernels' access order: row, layer, k
+    keys = (layers[:, None].astype(np.int64) * n_experts + experts[rows, layers]).reshape(-1)
+    decode = np.repeat(trace.phase[rows] == PHASE_DECODE, experts.shape[2])
+    decode_at = np.flatnonzero(decode)
+    used, first = np.unique(keys[decode_at], return_index=True)
+    prompt_at = np.flatnonzero(~decode)
+    first_use = np.full(len(prompt_at), kernels.NEVER, np.int64)
+    if len(used):
+        at = np.minimum(np.searchsorted(used, keys[prompt_at]), len(used) - 1)
+        found = used[at] == keys[prompt_at]
+        first_use[found] = decode_at[first[at[found]]]
+    nxt[prompt_at] = first_use
+    counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
+    pool_of_layer = geometry.class_of_layer.astype(np.int64)
+    kernels.opt_replay(experts, trace.phase, pool_of_layer, n_experts, np.asarray(capacity, np.int64), nxt, True,
+                       counts)
+    return np.bincount(pool_of_layer, weights=counts[:, PHASE_DECODE, kernels.HIT],
+                       minlength=geometry.n_classes).astype(np.int64)
+
+
+def hit_rate_curves(trace, geometry, run_slots: dict[int, int] | None = None) -> pd.DataFrame:
+    """Per size class with decode lookups, the decode hit rate vs cache slots of that class (one pool per class):
+    policy "lru" at LRU_POINTS log-spaced sizes (exact, from one stack-distance pass: an evicting LRU, the prompt
+    rows warming it token by token) and "belady" (`decode_bound_hits`) at BELADY_POINTS of them, each up to every
+    key the request touches in the class (or the run's slots, when larger), the run's slots (class -> slots)
+    included.
+    Columns: class, policy, slots, hits, lookups, hit_rate."""
+    from sim.cache.replay import lru_mrc
+
+    mrc = lru_mrc(trace, geometry, "class")
+    lookups = mrc.hist[:, PHASE_DECODE].sum(axis=1) + mrc.cold[:, PHASE_DECODE]
+    classes = [c for c in range(geometry.n_classes) if lookups[c]]
+    belady_sizes, rows = {}, []
+    for c in classes:
+        upper = int(mrc.cold[c].sum())  # distinct keys: past them an LRU never evicts
+        extra = [int(run_slots[c])] if run_slots and c in run_slots else []
+        upper = max([upper, *extra])
+        belady_sizes[c] = np.union1d(_log_sizes(upper, BELADY_POINTS), extra).astype(np.int64)
+        hits = np.cumsum(mrc.hist[c, PHASE_DECODE])  # hits[s]: accesses at stack distance <= s
+        for s in np.union1d(_log_sizes(upper, LRU_POINTS), belady_sizes[c]).astype(np.int64):
+            rows.append((c, "lru", int(s), int(hits[min(s, len(hits) - 1)])))
+    for i in range(max((len(v) for v in belady_sizes.values()), default=0)):  # one OPT replay per size
+        capacity = np.zeros(geometry.n_classes, np.int64)
+        for c, sizes in belady_sizes.items():
+            capacity[c] = sizes[min(i, len(sizes) - 1)]
+        bound = decode_bound_hits(trace, geometry, capacity)
+        rows += [(c, "belady", int(capacity[c]), int(bound[c])) for c in classes if i < len(belady_sizes[c])]
+    frame = pd.DataFrame.from_records(rows, columns=["class", "policy", "slots", "hits"])
+    frame["lookups"] = lookups[frame["class"].to_numpy(np.int64)].astype(np.int64)
+    frame["hit_rate"] = frame["hits"] / frame["lookups"]
+    return frame
+
+
+def run_class_points(summary: dict, steps: pd.DataFrame, geometry) -> pd.DataFrame:
+    """The run's own point per size class: its slots (engine_state cache_slots_per_class, one pool per class)
+    and the measured request's decode hit rate from steps.parquet's per-layer rows. Empty when the run has no
+    per-class pools (a slab, Strata's one pool) or no per-layer decode rows (Strata's decode steps span every
+    layer). Columns: class, slots, hits, lookups, hit_rate."""
+    slots = (summary.get("engine_state") or {}).get("cache_slots_per_class")
+    columns = ["class", "slots", "hits", "lookups", "hit_rate"]
+    if not isinstance(slots, list) or len(slots) != geometry.n_classes:
+        return pd.DataFrame(columns=columns)
+    mine = steps[(steps["request"] == summary.get("measured_request")) & (steps["phase"] == "decode")
+                 & (steps["layer"] >= 0) & (steps["layer"] < geometry.n_layers)]
+    if mine.empty:
+        return pd.DataFrame(columns=columns)
+    cls = geometry.class_of_layer[mine["layer"].to_numpy(np.int64)]
+    hits = np.bincount(cls, weights=mine["hits"].to_numpy(float), minlength=geometry.n_classes)
+    lookups = np.bincount(cls, weights=mine["lookups"].to_numpy(float), minlength=geometry.n_classes)
+    keep = lookups > 0
+    return pd.DataFrame({"class": np.flatnonzero(keep), "slots": np.asarray(slots, np.int64)[keep],
+                         "hits": hits[keep].astype(np.int64), "lookups": lookups[keep].astype(np.int64),
+                         "hit_rate": hits[keep] / lookups[keep]})
+
+
+def _mrc_figure(summary: dict, steps: pd.DataFrame, trace, geometry):
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    points = run_class_points(summary, steps, geometry)
+    curves = hit_rate_curves(trace, geometry, dict(zip(points["class"].tolist(), points["slots"].tolist())))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("decode hit rate", "decode miss ratio (log)"))
+    star = {"mode": "markers", "marker": {"symbol": "star", "size": 14, "line": {"color": "black", "width": 1}}}
+    for c, part in curves.groupby("class", sort=True):
+        color = qualitative.Plotly[int(c) % len(qualitative.Plotly)]
+        layers = int((geometry.class_of_layer == c).sum())
+        label = f"class {c}: {geometry.class_bytes[c] / 2**20:.2f} MiB experts, {layers} layers"
+        series = [(part[part["policy"] == "lru"], "LRU", {"mode": "lines", "line": {"color": color}}),
+                  (part[part["policy"] == "belady"], "Belady bound",
+                   {"mode": "lines+markers", "line": {"color": color, "dash": "dot"}})]
+        mine = points[points["class"] == c]
+        if len(mine):
+            series.append((mine, "this run", {**star, "marker": {**star["marker"], "color": color}}))
+        for frame, name, style in series:
+            miss = (1.0 - frame["hit_rate"]).where(frame["hit_rate"] < 1)  # a log axis has no 0: leave a gap
+            for row, y in ((1, frame["hit_rate"]), (2, miss)):
+                fig.add_trace(go.Scatter(x=frame["slots"].tolist(), y=[None if pd.isna(v) else float(v) for v in y],
+                                         name=f"{label}, {name}", legendgroup=f"class {c}", showlegend=row == 1,
+                                         **style), row, 1)
+    fig.update_xaxes(type="log", title_text="cache slots of the class", row=2, col=1)
+    fig.update_xaxes(type="log", row=1, col=1)
+    fig.update_yaxes(type="log", row=2, col=1)
+    request = summary.get("measured_request")
+    fig.update_layout(title=f"Decode hit rate vs cache size per size class (request {request}: its prompt warms "
+                            "the cache, its decode tokens are counted)", height=800)
+    return fig
+
+
 # ------------------------------------------------------------------------------------------ link lanes
 
 
@@ -102,11 +333,12 @@ def link_busy_per_step(steps: pd.DataFrame, summary: dict) -> dict[str, np.ndarr
 # ------------------------------------------------------------------------------------------- perfetto
 
 
-def perfetto_trace(steps: pd.DataFrame, summary: dict) -> dict:
-    """Chrome trace-event JSON of a run: "X" events in µs; threads: one per busy link, the steps, per-request phases.
+def perfetto_trace(steps: pd.DataFrame, summary: dict, links: pd.DataFrame | None = None) -> dict:
+    """Chrome trace-event JSON of a run: "X" events in µs; threads: the steps, one per busy link, per-request phases.
 
-    A link lane's events are laid one after another from each step's start (never overlapping), durations as
-    apportioned by `link_busy_per_step`, so each lane's durations sum to the link's busy time."""
+    With `links` (links.parquet) a link lane holds its busy intervals as booked. Without, its events are laid one
+    after another from each step's start (never overlapping), durations as apportioned by `link_busy_per_step`.
+    Either way each lane's durations sum to the link's busy time."""
     steps = steps.reset_index(drop=True)
     us = 1e6
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
@@ -129,14 +361,24 @@ def perfetto_trace(steps: pd.DataFrame, summary: dict) -> dict:
                        "dur": max(end[i] - start[i], 0.0) * us,
                        "args": {"request": int(steps["request"].iat[i]), "hits": int(steps["hits"].iat[i]),
                                 "lookups": int(steps["lookups"].iat[i])}})
-    for name, busy in link_busy_per_step(steps, summary).items():
-        t = thread(name)
-        free = 0.0
-        for i in np.flatnonzero(busy > 0):
-            ts = max(start[i], free)
-            free = ts + busy[i]
-            events.append({"ph": "X", "name": name, "cat": "link", "pid": 1, "tid": t, "ts": ts * us,
-                           "dur": busy[i] * us, "args": {"step_row": int(i)}})
+    if links is not None:
+        for name, lane in links.groupby("link", sort=False):
+            if not (lane["end_s"] > lane["start_s"]).any():
+                continue
+            t = thread(str(name))
+            for a, b, n_bytes, ops, kind in zip(lane["start_s"].tolist(), lane["end_s"].tolist(),
+                                                lane["bytes"].tolist(), lane["ops"].tolist(), lane["kind"].tolist()):
+                events.append({"ph": "X", "name": f"{name} ({kind})", "cat": "link", "pid": 1, "tid": t,
+                               "ts": a * us, "dur": (b - a) * us, "args": {"bytes": n_bytes, "ops": ops}})
+    else:
+        for name, busy in link_busy_per_step(steps, summary).items():
+            t = thread(name)
+            free = 0.0
+            for i in np.flatnonzero(busy > 0):
+                ts = max(start[i], free)
+                free = ts + busy[i]
+                events.append({"ph": "X", "name": name, "cat": "link", "pid": 1, "tid": t, "ts": ts * us,
+                               "dur": busy[i] * us, "args": {"step_row": int(i)}})
     for request, frame in steps.groupby("request", sort=True):
         t = thread(f"request {request}")
         for phase, part in frame.groupby("phase", sort=False):
@@ -149,8 +391,8 @@ def perfetto_trace(steps: pd.DataFrame, summary: dict) -> dict:
             "metadata": {"scenario": summary.get("scenario"), "simulated_s": summary.get("simulated_s")}}
 
 
-def write_perfetto(steps: pd.DataFrame, summary: dict, path: str | Path) -> int:
-    trace = perfetto_trace(steps, summary)
+def write_perfetto(steps: pd.DataFrame, summary: dict, path: str | Path, links: pd.DataFrame | None = None) -> int:
+    trace = perfetto_trace(steps, summary, links)
     try:
         Path(path).write_text(json.dumps(trace))
     except OSError as exc:
@@ -188,7 +430,22 @@ def hit_heatmap_matrix(steps: pd.DataFrame) -> tuple[list[str], list[int], list[
     return list(groups["label"]), layers, z
 
 
-def _run_figures(summary: dict, steps: pd.DataFrame) -> list[tuple[str, object]]:
+def _link_busy_per_group(links: pd.DataFrame, groups: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Each link's booked busy time per step group, an interval counted in the group it starts in (the last
+    group starting at or before it; the first group for anything earlier), so a lane sums to its busy time."""
+    starts = groups["start_s"].to_numpy(float)
+    lanes: dict[str, np.ndarray] = {}
+    for name, lane in links.groupby("link", sort=False):
+        duration = (lane["end_s"] - lane["start_s"]).to_numpy(float)
+        if duration.sum() <= 0:
+            continue
+        at = np.clip(np.searchsorted(starts, lane["start_s"].to_numpy(float), side="right") - 1, 0, len(starts) - 1)
+        lanes[str(name)] = np.bincount(at, weights=duration, minlength=len(starts))
+    return lanes
+
+
+def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | None = None,
+                 routing=None) -> list[tuple[str, object]]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -197,7 +454,7 @@ def _run_figures(summary: dict, steps: pd.DataFrame) -> list[tuple[str, object]]
     figures.append(("Headline", go.Figure(go.Table(
         header={"values": ["key", "value"]},
         cells={"values": [[k for k, _ in rows], [_cell(v) for _, v in rows]], "align": "left"}),
-        layout={"title": "Headline metrics", "height": 40 + 24 * len(rows)})))
+        layout={"title": "Headline metrics", **_table_size(len(rows))})))
 
     links = summary.get("links", [])
     if links:
@@ -205,21 +462,24 @@ def _run_figures(summary: dict, steps: pd.DataFrame) -> list[tuple[str, object]]
             header={"values": ["link", "busy_s", "bytes", "ops", "utilisation"]},
             cells={"values": [[_cell(link.get(c)) for link in links]
                               for c in ("link", "busy_s", "bytes", "ops", "utilisation")]}),
-            layout={"title": "Links (whole run)", "height": 80 + 24 * len(links)})))
+            layout={"title": "Links (whole run)", **_table_size(len(links))})))
 
     # timeline: per step group (a decode token or a prefill chunk) over simulated time
     g = _groups(steps)
-    row_of = steps.set_index(["request", "phase", "step"]).index
-    group_index = pd.MultiIndex.from_frame(g[["request", "phase", "step"]])
-    position = group_index.get_indexer(row_of)
     x = g["start_s"].to_numpy()
+    if intervals is not None:
+        title, lanes = "link busy per step (s)", _link_busy_per_group(intervals, g)
+    else:
+        title = "link busy per step (s, apportioned)"
+        position = pd.MultiIndex.from_frame(g[["request", "phase", "step"]]).get_indexer(
+            steps.set_index(["request", "phase", "step"]).index)
+        lanes = {name: np.bincount(position, weights=busy, minlength=len(g))
+                 for name, busy in link_busy_per_step(steps, summary).items()}
     fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=("link busy per step (s, apportioned)", "copied per step (MiB)",
-                                        "lent slots", "memory in use (GiB)"))
+                        subplot_titles=(title, "copied per step (MiB)", "lent slots", "memory in use (GiB)"))
     step_time = (g["end_s"] - g["start_s"]).to_numpy()
     fig.add_trace(go.Scatter(x=x, y=step_time, name="step wall", mode="lines", line={"shape": "hv"}), 1, 1)
-    for name, busy in link_busy_per_step(steps, summary).items():
-        per_group = np.bincount(position, weights=busy, minlength=len(g))
+    for name, per_group in lanes.items():
         fig.add_trace(go.Scatter(x=x, y=per_group, name=name, mode="lines", line={"shape": "hv"}), 1, 1)
     for c in ("file_read_bytes", "h2d_bytes", "d2d_bytes", "d2h_bytes"):
         if c in g and g[c].sum() > 0:
@@ -240,7 +500,15 @@ def _run_figures(summary: dict, steps: pd.DataFrame) -> list[tuple[str, object]]
     heat.update_layout(title="Per-layer hit rate (hits / lookups) per step", xaxis_title="step",
                        yaxis_title="layer", height=600)
     figures.append(("Hit heatmap", heat))
+    if routing is not None:
+        figures.append(("Miss-ratio curves", _mrc_figure(summary, steps, *routing)))
     return figures
+
+
+def _table_size(rows: int) -> dict:
+    """A table figure tall enough to show every row without scrolling: plotly draws a 28 px header and 20 px rows
+    (a long value wraps onto a second line: 24 px a row of slack), under a 60 px title margin."""
+    return {"height": 60 + 20 + 28 + 24 * rows, "margin": {"t": 60, "b": 20}}
 
 
 def _cell(value) -> str:
@@ -389,7 +657,7 @@ def report_figures(results_dir: str | Path) -> tuple[str, list[tuple[str, object
         summary, steps = load_run(results)
         title = f"expertsim run: {summary.get('engine', '')} {summary.get('variant', '')} on " \
                 f"{summary.get('hardware', '')}, {summary.get('model', '')}"
-        return title, _run_figures(summary, steps)
+        return title, _run_figures(summary, steps, load_links(results), load_routing(results))
     from sim.explore.sweep import load_sweep
 
     frame = load_sweep(results)
@@ -413,5 +681,6 @@ def write_report(results_dir: str | Path, output: str | Path) -> dict:
             "traces": sum(len(fig.data) for _, fig in figures), "bytes": len(page.encode())}
 
 
-__all__ = ["build_report", "hit_heatmap_matrix", "link_busy_per_step", "perfetto_trace", "report_figures",
-           "write_perfetto", "write_report"]
+__all__ = ["build_report", "decode_bound_hits", "hit_heatmap_matrix", "hit_rate_curves", "link_busy_per_step",
+           "load_links", "load_routing", "perfetto_trace", "report_figures", "run_class_points", "write_perfetto",
+           "write_report"]

@@ -16,6 +16,13 @@ Results folder: manifest.json (base scenario hash, grids) and points/ID.parquet,
 written atomically (tmp + rename) as soon as the point finishes, so an interrupted sweep loses nothing and
 `resume=True` skips every point already on disk. A point's ID hashes its overrides and the base scenario hash.
 A point that fails records its error (one line) and the sweep goes on.
+
+The one-pass path: points of a cache-only replay (`[engine] name = "replay"`) with an evicting LRU (policy
+lru, prefill-mode evict) whose grid varies the slot count `engine.flags.slots` are grouped by all their other
+overrides, and each group is computed from one miss-ratio curve (sim.cache.replay.lru_mrc) instead of a
+replay per point: LRU is a stack algorithm only when every miss evicts, so the curve's hits at c slots are
+exactly a replay's. The rows are those a replay per point gives; column `method` says which path made each
+("mrc" or "run"). Every point still gets its own row, written as its group finishes.
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ from sim.errors import InputError
 SCHEMA = "expertsim.sweep/1"
 HEADLINE = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
             "decode_tok_s", "decode_hit_rate", "ttft_s", "simulated_s")
-COUNTS = ("cache_slots", "lent_slots", "file_blob_reads")
+# A cache-only replay's rows add these (its tok/s, TTFT... are null): sim.engine.cache_only.FIGURES.
+REPLAY_METRICS = ("prefill_hit_rate", "hit_rate", "misses", "load_bytes")
+COUNTS = ("cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")
+SLOTS_KEY = "engine.flags.slots"  # the replay's slot count: the dimension the one-pass path computes
 MAX_RANGE_VALUES = 100_000
 EXECUTORS = ("processes", "dask")
 
@@ -121,12 +131,12 @@ def _field(model, name: str):
 
 def _expects_string(data: dict, parts: list[str | int]) -> bool:
     """Whether the schema wants a string at `parts` (then the grid keeps the text as typed)."""
-    from sim.scenario import Ds4Engine, Request, Scenario, StrataEngine, TraceSource
+    from sim.scenario import Ds4Engine, ReplayEngine, Request, Scenario, StrataEngine, TraceSource
 
     head = [p for p in parts if not isinstance(p, int)]
     if len(head) == 3 and head[:2] == ["engine", "env"]:
         return True
-    engine = Ds4Engine if (data.get("engine") or {}).get("name") == "ds4" else StrataEngine
+    engine = {"ds4": Ds4Engine, "replay": ReplayEngine}.get((data.get("engine") or {}).get("name"), StrataEngine)
     owner = {1: {(): Scenario}, 2: {("engine",): engine, ("trace",): TraceSource},
              3: {("engine", "flags"): engine.model_fields["flags"].annotation,
                  ("workload", "requests"): Request}}.get(len(head), {}).get(tuple(head[:-1]))
@@ -264,6 +274,11 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
+def _metrics(data: dict) -> tuple[str, ...]:
+    """A row's metric columns: the headline, plus a cache-only replay's hit rates, misses and bytes."""
+    return HEADLINE + REPLAY_METRICS if (data.get("engine") or {}).get("name") == "replay" else HEADLINE
+
+
 def run_point(scenario_path: str, data: dict, overrides: dict, pid: str, scenario_hash: str | None) -> dict:
     """Simulate one point (in a worker process): its result row, with `error` set if it failed."""
     from sim.engine.run import run_scenario
@@ -272,21 +287,41 @@ def run_point(scenario_path: str, data: dict, overrides: dict, pid: str, scenari
     row: dict[str, Any] = {"point_id": pid, **overrides, "scenario_hash": scenario_hash}
     try:
         summary = run_scenario(load_scenario_data(scenario_path, data)).summary
-        row.update({k: summary.get(k) for k in HEADLINE})
+        row.update({k: summary.get(k) for k in _metrics(data)})
         row["error"] = None
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the sweep goes on
-        row.update({k: None for k in HEADLINE})
+        row.update({k: None for k in _metrics(data)})
         row["error"] = _one_line(exc)
+    row["method"] = "run"
     row["wall_s"] = time.perf_counter() - start
     return row
 
 
+def run_mrc_points(scenario_path: str, points: list[tuple[dict, dict, str, str | None]]) -> list[dict]:
+    """The rows of points (data, overrides, id, scenario hash) that differ only in SLOTS_KEY, a cache-only
+    evicting LRU, from one one-pass miss-ratio curve (in a worker process). Each row is the one run_point gives,
+    but for method "mrc" and wall_s: the group's time shared out evenly."""
+    from sim.engine.cache_only import mrc_figures
+
+    start = time.perf_counter()
+    try:
+        scenario = load_scenario_data(scenario_path, points[0][0])  # the slot count aside, every point's settings
+        figures, error = mrc_figures(scenario, [overrides[SLOTS_KEY] for _, overrides, _, _ in points]), None
+    except Exception as exc:  # noqa: BLE001 - every point of the group records the error run_point would
+        figures, error = [{}] * len(points), _one_line(exc)
+    wall_s = (time.perf_counter() - start) / len(points)
+    return [{"point_id": pid, **overrides, "scenario_hash": scenario_hash,
+             **{k: found.get(k) for k in _metrics(data)}, "error": error, "method": "mrc", "wall_s": wall_s}
+            for (data, overrides, pid, scenario_hash), found in zip(points, figures)]
+
+
 def _row_frame(row: dict, overrides: dict) -> pd.DataFrame:
     frame = pd.DataFrame([{**row, "overrides": json.dumps(overrides, sort_keys=True)}])
-    for k in HEADLINE:
-        frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
-    frame["error"] = frame["error"].astype("string")
-    frame["scenario_hash"] = frame["scenario_hash"].astype("string")
+    for k in (*HEADLINE, *REPLAY_METRICS):
+        if k in frame:
+            frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
+    for k in ("error", "scenario_hash", "method"):
+        frame[k] = frame[k].astype("string")
     return frame
 
 
@@ -349,22 +384,72 @@ def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
     return done
 
 
-def _local(todo: list[Point], workers: int):
-    """Yield rows as processes finish them (spawned workers: numba and imports warm once per worker)."""
+@dataclass(frozen=True)
+class Task:
+    """What one call in a worker computes: a point through its engine ("run"), or a group of points from one
+    miss-ratio curve ("mrc")."""
+
+    points: tuple[Point, ...]
+    method: str
+
+    def call(self) -> tuple[Callable, tuple]:
+        """The worker function and its arguments."""
+        if self.method == "mrc":
+            return run_mrc_points, (self.points[0].scenario_path,
+                                    [(p.data, p.overrides, p.point_id, p.scenario_hash) for p in self.points])
+        p = self.points[0]
+        return run_point, (p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash)
+
+    def rows(self, result) -> list[dict]:
+        """The worker's result as one row per point, in the order of `points`."""
+        return result if self.method == "mrc" else [result]
+
+
+def _mrc_exact(point: Point) -> bool:
+    """Whether the one-pass curve gives this point exactly: a cache-only replay with an evicting LRU, its slot
+    count a grid dimension (a whole number, so the same count in every pool)."""
+    engine = point.data.get("engine") or {}
+    if point.error is not None or engine.get("name") != "replay" or SLOTS_KEY not in point.overrides:
+        return False
+    from sim.cache.replay import mrc_exact  # numba: imported only for a replay's sweep
+    from sim.scenario import ReplayFlags
+
+    flags = ReplayFlags.model_validate(engine.get("flags", {}))  # the point loaded: its flags are valid
+    return isinstance(point.overrides[SLOTS_KEY], int) and mrc_exact(flags.policy, flags.prefill_mode)
+
+
+def plan_tasks(points: list[Point], mrc: bool = True) -> list[Task]:
+    """A task per point, except (with `mrc`) the points the one-pass curve gives exactly: those are grouped by all
+    their other overrides, a task (one curve) per group. Groups come first: they finish fast."""
+    groups: dict[str, list[Point]] = {}
+    singles: list[Task] = []
+    for p in points:
+        if mrc and _mrc_exact(p):
+            rest = {k: v for k, v in p.overrides.items() if k != SLOTS_KEY}
+            groups.setdefault(json.dumps(rest, sort_keys=True), []).append(p)
+        else:
+            singles.append(Task((p,), "run"))
+    return [*(Task(tuple(group), "mrc") for group in groups.values()), *singles]
+
+
+def _local(tasks: list[Task], workers: int):
+    """Yield tasks as processes finish them (spawned workers: numba and imports warm once per worker)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     try:
-        futures = {pool.submit(run_point, p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash): p
-                   for p in todo}
+        futures = {}
+        for task in tasks:
+            fn, args = task.call()
+            futures[pool.submit(fn, *args)] = task
         for future in as_completed(futures):
             yield futures[future], future
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _dask(todo: list[Point], workers: int, scheduler: str | None):
+def _dask(tasks: list[Task], workers: int, scheduler: str | None):
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -381,8 +466,11 @@ def _dask(todo: list[Point], workers: int, scheduler: str | None):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
             client = Client(cluster)
         try:
-            futures = {client.submit(run_point, p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash,
-                                     key=f"expertsim-point-{p.point_id}", pure=False): p for p in todo}
+            futures = {}
+            for task in tasks:
+                fn, args = task.call()
+                key = f"expertsim-{'point' if task.method == 'run' else 'mrc'}-{task.points[0].point_id}"
+                futures[client.submit(fn, *args, key=key, pure=False)] = task
             for future in as_completed(futures):
                 yield futures[future], future
         finally:
@@ -394,10 +482,12 @@ def _dask(todo: list[Point], workers: int, scheduler: str | None):
 
 def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "processes", workers: int | None = None,
               scheduler: str | None = None, resume: bool = False,
-              progress: Callable[[dict, int, int], None] | None = None) -> SweepResult:
+              progress: Callable[[dict, int, int], None] | None = None, mrc: bool = True) -> SweepResult:
     """Run the points, writing each one's row to out_dir/points/ID.parquet the moment it finishes.
 
     `progress(row, finished, total)` is called after each point (finished counts resumed points too).
+    `mrc=False` runs every point through its engine, even those the one-pass curve gives (the benchmark's
+    comparison).
     """
     if executor not in EXECUTORS:
         raise InputError("--executor", "executor", executor, f"must be one of: {', '.join(EXECUTORS)}")
@@ -437,21 +527,24 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
     runnable = []
     for p in todo:
         if p.error is not None:  # the combination does not load: record it, nothing to run
-            record(p, {"point_id": p.point_id, **p.overrides, "scenario_hash": None, **{k: None for k in HEADLINE},
-                       "error": p.error, "wall_s": 0.0})
+            record(p, {"point_id": p.point_id, **p.overrides, "scenario_hash": None,
+                       **{k: None for k in _metrics(p.data)}, "error": p.error, "method": None, "wall_s": 0.0})
         else:
             runnable.append(p)
     if not runnable:
         return result
-    workers = workers or min(os.cpu_count() or 1, len(runnable))
-    stream = _local(runnable, workers) if executor == "processes" else _dask(runnable, workers, scheduler)
-    for point, future in stream:
+    tasks = plan_tasks(runnable, mrc)
+    workers = workers or min(os.cpu_count() or 1, len(tasks))
+    stream = _local(tasks, workers) if executor == "processes" else _dask(tasks, workers, scheduler)
+    for task, future in stream:
         try:
-            row = future.result()
-        except Exception as exc:  # noqa: BLE001 - a worker that died: the point records it
-            row = {"point_id": point.point_id, **point.overrides, "scenario_hash": point.scenario_hash,
-                   **{k: None for k in HEADLINE}, "error": f"worker failed: {_one_line(exc)}", "wall_s": None}
-        record(point, row)
+            rows = task.rows(future.result())
+        except Exception as exc:  # noqa: BLE001 - a worker that died: its points record it
+            rows = [{"point_id": p.point_id, **p.overrides, "scenario_hash": p.scenario_hash,
+                     **{k: None for k in _metrics(p.data)}, "error": f"worker failed: {_one_line(exc)}",
+                     "method": task.method, "wall_s": None} for p in task.points]
+        for point, row in zip(task.points, rows):
+            record(point, row)
     return result
 
 
@@ -462,11 +555,12 @@ def load_sweep(out_dir: str | Path) -> pd.DataFrame:
         raise InputError(str(out), "path", str(out), "not a sweep results folder (no manifest.json)")
     files = sorted((out / "points").glob("*.parquet"))
     if not files:
-        return pd.DataFrame(columns=["point_id", "scenario_hash", *HEADLINE, "error", "wall_s", "overrides"])
+        return pd.DataFrame(columns=["point_id", "scenario_hash", *HEADLINE, "error", "method", "wall_s",
+                                     "overrides"])
     frames = [pd.read_parquet(f) for f in files]
     return pd.concat(frames, ignore_index=True).sort_values("point_id", ignore_index=True)
 
 
-__all__ = ["HEADLINE", "Point", "SweepResult", "expand_grid", "load_scenario_data", "load_sweep", "open_results",
-           "parse_grid",
-           "point_id", "run_point", "run_sweep"]
+__all__ = ["HEADLINE", "REPLAY_METRICS", "Point", "SweepResult", "Task", "expand_grid", "load_scenario_data",
+           "load_sweep", "open_results", "parse_grid", "plan_tasks", "point_id", "run_mrc_points", "run_point",
+           "run_sweep"]
