@@ -104,6 +104,26 @@ def test_belady_bound_is_above_the_simulated_decode_hit_rate(per_class, slab):
     assert slab.summary["belady_decode_hit_rate"] is None  # no fixed slot count to bound
 
 
+def test_belady_bound_is_not_below_plain_min_over_the_whole_routing(per_class):
+    # plain MIN maximises prompt + decode hits, so its decode hits can only be at or under the decode bound
+    import numpy as np
+
+    from sim.cache.replay import Geometry, replay
+    from sim.engine.workload import workload_routing
+    from sim.trace.format import Trace, TraceHeader
+
+    scenario = load_scenario(SCENARIOS / "ds4-504-per-class.toml")
+    r = workload_routing(scenario).requests[per_class.summary["measured_request"]]
+    rows = np.concatenate([r.prompt, r.decode])
+    phase = np.r_[np.zeros(len(r.prompt)), np.ones(len(r.decode))].astype(np.uint8)
+    trace = Trace(TraceHeader(scenario.layout.name, rows.shape[1], 256, 6, "test", ""), np.zeros(len(rows)),
+                  np.arange(len(rows)), phase, rows)
+    slots = np.array(per_class.summary["engine_state"]["cache_slots_per_class"])
+    plain = replay(trace, Geometry.of(trace, scenario.layout), "opt", "class", slots)
+    plain_decode = float(plain.per_phase().set_index("phase").loc["decode", "hit_rate"])
+    assert plain_decode <= per_class.summary["belady_decode_hit_rate"] + 1e-12
+
+
 def test_gpu_idle_time_is_what_compute_does_not_cover(per_class):
     compute = next(link for link in per_class.summary["links"] if link["link"] == "GPU compute")
     assert per_class.summary["gpu_idle_s"] == pytest.approx(per_class.summary["simulated_s"] - compute["busy_s"])

@@ -155,10 +155,27 @@ def test_sweep_report(tmp_path):
     types = [[t["type"] for t in s["data"]] for s in specs]
     assert types[0] == ["table"]
     heatmaps = [s for s in specs if s["data"][0]["type"] == "heatmap"]
-    assert len(heatmaps) == 2  # decode and prefill tok/s vs cache size and reserve
+    # decode and prefill tok/s and the decode hit rate vs cache size and reserve (the overall and prefill hit
+    # rates are columns of cache-only replays only)
+    assert [h["data"][0]["colorbar"]["title"]["text"] for h in heatmaps] == [
+        "decode_tok_s", "prefill_tok_s", "decode_hit_rate"]
     heat = heatmaps[0]["data"][0]
     assert sorted(heat["x"]) == [4096, 9472] and sorted(heat["y"]) == [8, 12]
     assert all(v is not None and v > 0 for row in heat["z"] for v in row)
+
+
+def test_replay_sweep_report_plots_hit_rates_against_slots(tmp_path):
+    from sim.explore.sweep import expand_grid, load_sweep, run_sweep
+
+    scenario = "scenarios/replay-qwen3.8-lru.toml"  # run from the repo root, like PER_CLASS
+    run_sweep(expand_grid(scenario, ["engine.flags.slots=32:128:32"]), tmp_path / "sweep", workers=1)
+    specs = _specs(build_report(tmp_path / "sweep"))
+    lines = {s["layout"]["title"]["text"]: s["data"][0] for s in specs if s["data"][0]["type"] == "scatter"}
+    assert sorted(lines) == ["decode_hit_rate vs engine.flags.slots", "hit_rate vs engine.flags.slots",
+                             "prefill_hit_rate vs engine.flags.slots"]
+    rows = load_sweep(tmp_path / "sweep").sort_values("engine.flags.slots")
+    assert lines["hit_rate vs engine.flags.slots"]["x"] == [32, 64, 96, 128]
+    assert lines["hit_rate vs engine.flags.slots"]["y"] == rows["hit_rate"].tolist()
 
 
 def test_sweep_report_lines_and_slider(tmp_path):

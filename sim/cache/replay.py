@@ -22,7 +22,7 @@ from sim.cache import kernels
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
 from sim.cache.mrc import stack_distance_histograms
 from sim.errors import InputError
-from sim.trace.format import MISSING, PHASE_NAMES, Trace
+from sim.trace.format import MISSING, PHASE_DECODE, PHASE_NAMES, Trace
 
 POLICIES = ("lru", "lfu", "opt", "static", "ds4-slab")
 SCOPES = ("layer", "class", "global")
@@ -416,3 +416,37 @@ def lru_mrc(trace: Trace, geometry: Geometry, scope: str) -> MissRatioCurve:
     stack_distance_histograms(trace.experts, trace.phase, pool_of_layer, group_of_layer, keys_per_pool,
                               geometry.n_experts, hist, cold)
     return MissRatioCurve(scope, geometry, hist, cold)
+
+
+def decode_bound_hits(trace, geometry, capacity: np.ndarray) -> np.ndarray:
+    """int64 [class]: the most decode hits any cache of `capacity` slots per class can get on this routing
+    (the prompt's rows first, then the decode rows), i.e. the Belady bound of the decode hit rate.
+
+    Such a cache can only hold keys it has been asked for (a miss loads, or bypasses), so at the first decode
+    token it holds at most `capacity` keys the prompt touched; from there MIN (evict the key used last, bypass a
+    newcomer used later than every resident) maximises the decode hits. The prompt's hits are worth nothing, so
+    the best state at the first decode token keeps the prompt keys whose first decode use comes soonest. The OPT
+    kernel does both in one pass when each prompt access is given the key's first decode use as its next use:
+    it then keeps those keys through the prompt, then runs MIN. (MIN over the whole routing with plain next
+    uses maximises prompt + decode hits: it may trade a decode hit for a prompt hit and is then below this
+    bound.) Pools: one per size class (geometry.class_of_layer)."""
+    experts, n_experts = trace.experts, geometry.n_experts
+    nxt = kernels.next_use(experts, n_experts)
+    rows, layers = np.nonzero(experts[:, :, 0] != MISSING)  # the kernels' access order: row, layer, k
+    keys = (layers[:, None].astype(np.int64) * n_experts + experts[rows, layers]).reshape(-1)
+    decode = np.repeat(trace.phase[rows] == PHASE_DECODE, experts.shape[2])
+    decode_at = np.flatnonzero(decode)
+    used, first = np.unique(keys[decode_at], return_index=True)
+    prompt_at = np.flatnonzero(~decode)
+    first_use = np.full(len(prompt_at), kernels.NEVER, np.int64)
+    if len(used):
+        at = np.minimum(np.searchsorted(used, keys[prompt_at]), len(used) - 1)
+        found = used[at] == keys[prompt_at]
+        first_use[found] = decode_at[first[at[found]]]
+    nxt[prompt_at] = first_use
+    counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
+    pool_of_layer = geometry.class_of_layer.astype(np.int64)
+    kernels.opt_replay(experts, trace.phase, pool_of_layer, n_experts, np.asarray(capacity, np.int64), nxt, True,
+                       counts)
+    return np.bincount(pool_of_layer, weights=counts[:, PHASE_DECODE, kernels.HIT],
+                       minlength=geometry.n_classes).astype(np.int64)

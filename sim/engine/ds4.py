@@ -549,13 +549,13 @@ class Ds4Engine:
                             "prompt_tokens": len(prompt), "decode_tokens": len(routing.decode)})
 
     def belady_decode_hit_rate(self, request: int) -> float | None:
-        """Decode hit rate of the OPT bound (Belady MIN) with the same class pools and slot counts, over
-        the request's whole routing (its prompt warms the bound's cache as it warms the engine's); None
-        for the slab, whose capacity changes with every size change."""
+        """Decode hit rate of the Belady bound with the same class pools and slot counts: the most decode hits
+        any cache of those sizes can get on the request's routing, its prompt warming the cache first
+        (sim.cache.replay.decode_bound_hits); None for the slab, whose capacity changes with every size change."""
         if not self.per_class:
             return None
-        from sim.cache.replay import Geometry, replay
-        from sim.trace.format import Trace, TraceHeader
+        from sim.cache.replay import Geometry, decode_bound_hits
+        from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
 
         r = self.routing.requests[request]
         if not len(r.decode):
@@ -566,11 +566,11 @@ class Ds4Engine:
             prompt = np.concatenate([prompt, pad], axis=1)
             decode = np.concatenate([decode, r.mtp[: len(decode)]], axis=1)
         rows = np.concatenate([prompt, decode])
-        phase = np.r_[np.zeros(len(r.prompt)), np.ones(len(r.decode))]
+        phase = np.r_[np.full(len(prompt), PHASE_PREFILL), np.full(len(decode), PHASE_DECODE)].astype(np.uint8)
         header = TraceHeader(self.scenario.layout.name, rows.shape[1], self.n_experts, rows.shape[2], "run", "")
         trace = Trace(header, np.zeros(len(rows)), np.arange(len(rows)), phase, rows)
-        result = replay(trace, Geometry.of(trace, self.scenario.layout), "opt", "class", np.array(self.cache.capacity))
-        return float(result.per_phase().set_index("phase").loc["decode", "hit_rate"])
+        hits = decode_bound_hits(trace, Geometry.of(trace, self.scenario.layout), np.array(self.cache.capacity))
+        return float(hits.sum() / np.count_nonzero(decode != MISSING))
 
     def state(self) -> dict:
         caps = [int(c) for c in self.cache.capacity]

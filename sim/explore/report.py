@@ -33,7 +33,9 @@ from sim.errors import InputError
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL
 
 RUN_FILES = ("summary.json", "steps.parquet")
-SWEEP_METRICS = ("decode_tok_s", "prefill_tok_s")
+# One figure per metric a sweep's rows hold (all-null metrics are skipped: a cache-only replay has no tok/s,
+# an engine run no overall hit_rate).
+SWEEP_METRICS = ("decode_tok_s", "prefill_tok_s", "decode_hit_rate", "prefill_hit_rate", "hit_rate")
 ROUTING_COLUMNS = ("phase", "token", "layer", "class", "expert_bytes", "experts")  # sim.engine.run.routing_table
 # Cache sizes per size class of the miss-ratio figure, log-spaced from 1 slot to every key the request touches.
 # The exact LRU curve has one value per slot count (up to 37 x 256 = 9,472 for ds4's q2 class): 200 points keep
@@ -171,50 +173,14 @@ def _log_sizes(upper: int, n: int) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, max(int(upper), 1), n)).astype(np.int64))
 
 
-def decode_bound_hits(trace, geometry, capacity: np.ndarray) -> np.ndarray:
-    """int64 [class]: the most decode hits any cache of `capacity` slots per class can get on this routing
-    (the prompt's rows first, then the decode rows), i.e. the Belady bound of the decode hit rate.
-
-    Such a cache can only hold keys it has been asked for (a miss loads, or bypasses), so at the first decode
-    token it holds at most `capacity` keys the prompt touched; from there MIN (evict the key used last, bypass a
-    newcomer used later than every resident) maximises the decode hits. The prompt's hits are worth nothing, so
-    the best state at the first decode token keeps the prompt keys whose first decode use comes soonest. The OPT
-    kernel does both in one pass when each prompt access is given the key's first decode use as its next use:
-    it then keeps those keys through the prompt, then runs MIN. (MIN over the whole routing with plain next
-    uses, as summary `belady_decode_hit_rate`, maximises prompt + decode hits: it may trade a decode hit for
-    a prompt hit and is then below this bound.)"""
-    from sim.cache import kernels
-
-    experts, n_experts = trace.experts, geometry.n_experts
-    nxt = kernels.next_use(experts, n_experts)
-    rows, layers = np.nonzero(experts[:, :, 0] != MISSING)  # the kernels' access order: row, layer, k
-    keys = (layers[:, None].astype(np.int64) * n_experts + experts[rows, layers]).reshape(-1)
-    decode = np.repeat(trace.phase[rows] == PHASE_DECODE, experts.shape[2])
-    decode_at = np.flatnonzero(decode)
-    used, first = np.unique(keys[decode_at], return_index=True)
-    prompt_at = np.flatnonzero(~decode)
-    first_use = np.full(len(prompt_at), kernels.NEVER, np.int64)
-    if len(used):
-        at = np.minimum(np.searchsorted(used, keys[prompt_at]), len(used) - 1)
-        found = used[at] == keys[prompt_at]
-        first_use[found] = decode_at[first[at[found]]]
-    nxt[prompt_at] = first_use
-    counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
-    pool_of_layer = geometry.class_of_layer.astype(np.int64)
-    kernels.opt_replay(experts, trace.phase, pool_of_layer, n_experts, np.asarray(capacity, np.int64), nxt, True,
-                       counts)
-    return np.bincount(pool_of_layer, weights=counts[:, PHASE_DECODE, kernels.HIT],
-                       minlength=geometry.n_classes).astype(np.int64)
-
-
 def hit_rate_curves(trace, geometry, run_slots: dict[int, int] | None = None) -> pd.DataFrame:
     """Per size class with decode lookups, the decode hit rate vs cache slots of that class (one pool per class):
     policy "lru" at LRU_POINTS log-spaced sizes (exact, from one stack-distance pass: an evicting LRU, the prompt
-    rows warming it token by token) and "belady" (`decode_bound_hits`) at BELADY_POINTS of them, each up to every
+    rows warming it token by token) and "belady" (`sim.cache.replay.decode_bound_hits`) at BELADY_POINTS of them, each up to every
     key the request touches in the class (or the run's slots, when larger), the run's slots (class -> slots)
     included.
     Columns: class, policy, slots, hits, lookups, hit_rate."""
-    from sim.cache.replay import lru_mrc
+    from sim.cache.replay import decode_bound_hits, lru_mrc
 
     mrc = lru_mrc(trace, geometry, "class")
     lookups = mrc.hist[:, PHASE_DECODE].sum(axis=1) + mrc.cold[:, PHASE_DECODE]
@@ -681,6 +647,6 @@ def write_report(results_dir: str | Path, output: str | Path) -> dict:
             "traces": sum(len(fig.data) for _, fig in figures), "bytes": len(page.encode())}
 
 
-__all__ = ["build_report", "decode_bound_hits", "hit_heatmap_matrix", "hit_rate_curves", "link_busy_per_step",
+__all__ = ["build_report", "hit_heatmap_matrix", "hit_rate_curves", "link_busy_per_step",
            "load_links", "load_routing", "perfetto_trace", "report_figures", "run_class_points", "write_perfetto",
            "write_report"]

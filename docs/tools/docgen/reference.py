@@ -1,0 +1,352 @@
+"""Generated regions: reference material read from the code, and tables read from the exhibits' JSON.
+
+Why generated into the committed pages rather than at build time by a mkdocs hook: the pages then read
+the same in a plain markdown viewer as on the site, a change to the CLI or the schema shows up as a diff
+of the page in the same commit, and the strict site build needs nothing but mkdocs. The docs test
+regenerates every region and fails when a page holds a stale one.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import io
+import json
+import re
+import textwrap
+import tokenize
+import types
+import typing
+
+from docgen.pages import FIGURES, ROOT
+
+
+def _cell(text: object) -> str:
+    """A table cell: pipes escaped; angle brackets escaped outside code spans (else they read as HTML)."""
+    parts = str(text).replace("|", "\\|").replace("\n", " ").split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", parts[i])
+    return "`".join(parts)
+
+
+def table(header: list[str], rows: list[list[object]], align: str = "") -> str:
+    """A markdown table; align holds one character per column, "r" for right-aligned, else left."""
+    marks = ["---:" if (align[i:i + 1] == "r") else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def exhibit(name: str) -> dict:
+    return json.loads((FIGURES / f"{name}.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def cli() -> str:
+    """Every command of `expertsim` as its --help shows it: usage, what it does, each option."""
+    import typer
+
+    from sim.cli import app
+
+    root = typer.main.get_command(app)
+    out = []
+
+    def visit(command, path: str) -> None:
+        ctx = command.context_class(command, info_name=path)
+        subcommands = getattr(command, "commands", None)
+        if subcommands and path != "expertsim":
+            out.append(f"### `{path}`\n\n{command.help}\n")
+        if not subcommands:
+            usage = command.get_usage(ctx).replace("Usage: ", "")
+            out.append(f"### `{path}`\n\n{command.help}\n\n    {usage}\n")
+            rows = []
+            for param in command.get_params(ctx):
+                record = param.get_help_record(ctx)
+                if record is None or record[0] == "--help":
+                    continue
+                rows.append([f"`{record[0]}`", record[1]])
+            if rows:
+                out.append(table(["argument or option", "meaning [default]"], rows))
+        for name in sorted(subcommands or {}):
+            visit(subcommands[name], f"{path} {name}")
+
+    visit(root, "expertsim")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------ schemas
+
+
+def _field_comments(model: type) -> dict[str, str]:
+    """The comments the source puts on a model's fields: the comment lines right above a field and the
+    comment at the end of its line(s)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(model))
+    except (OSError, TypeError):  # a model made at run time (create_model) has no source
+        return {}
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body[0].body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        above = []
+        line = node.lineno - 1
+        while line >= 1 and lines[line - 1].strip().startswith("#"):
+            above.insert(0, comments[line])
+            line -= 1
+        trailing = [comments[i] for i in range(node.lineno, node.end_lineno + 1) if i in comments]
+        text = " ".join(above + trailing)
+        if text:
+            found[node.target.id] = text
+    return found
+
+
+def _constraints(metadata: list) -> list[str]:
+    words = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<", "min_length": "min length", "max_length": "max length",
+             "pattern": "matches"}
+    out = []
+    for item in metadata:
+        for attr, word in words.items():
+            value = getattr(item, attr, None)
+            if isinstance(value, int) and value > 2**32 and value & (value - 1) == 0:
+                value = f"2^{value.bit_length() - 1}"  # a bound like 2**63 reads better as a power
+            if value is not None:
+                out.append(f"{word} `{value}`" if attr == "pattern" else f"{word} {value}")
+    return out
+
+
+def _type_text(annotation, links: dict) -> tuple[str, bool]:
+    """(readable type, optional?) of an annotation."""
+    from pydantic import BaseModel
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *meta = typing.get_args(annotation)
+        text, optional = _type_text(base, links)
+        extra = _constraints(meta)
+        if any(type(m).__name__ in ("PlainValidator", "BeforeValidator") for m in meta):
+            extra.append("checked as the engine parses it")
+        return (f"{text} ({', '.join(extra)})" if extra else text), optional
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        parts = [_type_text(a, links)[0] for a in args]
+        return " or ".join(dict.fromkeys(parts)), len(args) < len(typing.get_args(annotation))
+    if origin is typing.Literal:
+        return " | ".join(f'`"{a}"`' for a in typing.get_args(annotation)), False
+    if origin is list:
+        return f"array of {_type_text(typing.get_args(annotation)[0], links)[0]}", False
+    if origin is dict:
+        return f"table of {_type_text(typing.get_args(annotation)[1], links)[0]}", False
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return links.get(annotation, f"table `{annotation.__name__}`"), False
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation))), False
+
+
+def _default(info) -> str:
+    from pydantic_core import PydanticUndefined
+
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        return "empty table"
+    if info.default is None or info.default is PydanticUndefined:
+        return "unset"
+    value = info.default
+    return f"`{json.dumps(value)}`"
+
+
+def model_table(model: type, links: dict) -> str:
+    comments = {}
+    for klass in reversed(model.__mro__):  # a subclass's comments win
+        if isinstance(klass, type) and hasattr(klass, "model_fields"):
+            comments.update(_field_comments(klass))
+    rows = []
+    for name, info in model.model_fields.items():
+        text, optional = _type_text(info.annotation, links)
+        extra = _constraints(info.metadata)
+        if extra:
+            text += f" ({', '.join(extra)})"
+        rows.append([f"`{info.alias or name}`", text, _default(info), comments.get(name, "")])
+    return table(["key", "type", "default", "what it is (from the code's comments)"], rows)
+
+
+def _module_dicts(module, suffix: str) -> dict:
+    merged: dict = {}
+    for name in dir(module):
+        value = getattr(module, name)
+        if name.endswith(suffix) and isinstance(value, dict):
+            merged.update(value)
+    return merged
+
+
+def scenario_schema() -> str:
+    from sim import scenario as sc
+
+    engines = typing.get_args(sc.Scenario.model_fields["engine"].annotation)
+    only_in = _module_dicts(sc, "_ONLY_IN")  # knobs read by some variants only
+    refused = _module_dicts(sc, "_NOT_MODELLED")  # knobs the model does not simulate: refused
+    links = {sc.TraceSource: "table `[trace]`", sc.Workload: "table `[workload]`",
+             sc.Request: "table `[[workload.requests]]`"}
+    for engine in engines:
+        links[engine] = "table `[engine]`"
+        for section in ("flags", "env"):
+            if section in engine.model_fields:
+                links[engine.model_fields[section].annotation] = f"table `[engine.{section}]` (below)"
+    parts = ["### Top level\n\n", model_table(sc.Scenario, links)]
+    for engine in engines:
+        name = typing.get_args(engine.model_fields["name"].annotation)[0]
+        parts += [f"\n### `[engine]` with `name = \"{name}\"`\n\n"]
+        if engine.__doc__:
+            parts.append(f"{inspect.cleandoc(engine.__doc__)}\n\n")
+        parts.append(model_table(engine, links))
+        flags = engine.model_fields["flags"].annotation
+        parts.append(f"\n#### `[engine.flags]` for {name}\n\n")
+        if flags.__doc__:
+            parts.append(f"{inspect.cleandoc(flags.__doc__)}\n\n")
+        parts.append(model_table(flags, links))
+        if "env" in engine.model_fields:
+            names = []
+            for env_name in engine.model_fields["env"].annotation.model_fields:
+                note = ""
+                if env_name in only_in:
+                    note = f" (variant {' or '.join(only_in[env_name])} only)"
+                if env_name in refused:
+                    note = f" (refused: {refused[env_name]} is not modelled)"
+                names.append(f"`{env_name}`{note}")
+            parts.append(f"\n#### `[engine.env]` for {name}\n\nStrings, kept as typed (the engine model parses "
+                         f"them as the engine does). Known names: {', '.join(names)}.\n")
+    parts += ["\n### `[trace]`\n\n", model_table(sc.TraceSource, links),
+              "\n### `[[workload.requests]]`\n\n", model_table(sc.Request, links)]
+    return "".join(parts)
+
+
+def hardware_schema() -> str:
+    from sim.model import hardware as hw
+
+    links = {hw.Gpu: "table `[gpu]`", hw.Host: "table `[host]`", hw.Pcie: "table `[pcie]`", hw.Ssd: "table `[ssd]`",
+             hw.D2d: "table `[d2d]`", hw.Latency: "table `[latency]`", hw.Compute: "table `[compute.\"CLASS\"]`"}
+    for model in (hw.GBps, hw.Micros, hw.MicrosPerGiB, hw.GiBs, hw.KiBs, hw.SsdPoint):
+        unit = typing.get_args(model.model_fields["unit"].annotation)[0]
+        extra = ", queue_depth" if "queue_depth" in model.model_fields else ""
+        links[model] = f"quantity in {unit}{extra}"
+    parts = ["### Top level\n\n", model_table(hw.HardwareProfile, links)]
+    for section, model in (("gpu", hw.Gpu), ("host", hw.Host), ("pcie", hw.Pcie), ("ssd", hw.Ssd), ("d2d", hw.D2d),
+                           ("latency", hw.Latency), ('compute."CLASS"', hw.Compute)):
+        parts += [f"\n### `[{section}]`\n\n", model_table(model, links)]
+    parts += ["\n### A quantity\n\nEvery number above is a table of its own:\n\n", model_table(hw.Quantity, links)]
+    return "".join(parts)
+
+
+def seed_scenarios() -> str:
+    """The committed scenarios with the first line of their `# Scenario:` header and their engine."""
+    from sim.model.hardware import read_toml
+
+    rows = []
+    for path in sorted((ROOT / "scenarios").glob("*.toml")):
+        header = next((line for line in path.read_text().splitlines() if line.startswith("# Scenario:")), "")
+        data = read_toml(path, str(path))
+        engine = data.get("engine", {})
+        rows.append([f"`{path.name}`", f"{engine.get('name', '')} {engine.get('variant', '')}".strip(),
+                     data.get("hardware", ""), header.removeprefix("# Scenario:").strip()])
+    return table(["file", "engine", "hardware", "what it is (its header)"], rows)
+
+
+# ------------------------------------------------------------------------------------------ calibration file
+
+
+def calibration_file() -> str:
+    """The calibration file's keys as sim/calibrate/fileformat.py documents them, and the keys and types the
+    committed files hold."""
+    from sim.calibrate import fileformat
+
+    doc = inspect.getdoc(fileformat).split("\n\n", 1)[1]
+    rows: list[list[str]] = []
+    for line in doc.splitlines():
+        if not line.strip():
+            break
+        if line.startswith("    ") and not line[4:5].isspace():
+            found = re.match(r"([\w-]+(?:, [\w-]+)*)\s*(.*)", line.strip())  # "key[, key...]   meaning"
+            key, meaning = found[1], found[2]
+            keys = ", ".join(f"`{k.strip()}`" for k in key.split(","))
+            rows.append([keys, meaning.strip() or "as named"])
+        elif rows:
+            rows[-1][1] += " " + line.strip()
+    parts = [f"Schema `{fileformat.SCHEMA}`, version {fileformat.SCHEMA_VERSION}.\n\n",
+             table(["key", "what it holds"], rows)]
+    folder = ROOT / "scenarios" / "hardware" / "calibration"
+    files = sorted(p for p in folder.glob("*.json") if json.loads(p.read_text()).get("schema") == fileformat.SCHEMA)
+    present = []
+    for path in files:
+        record = json.loads(path.read_text())
+        present.append([f"`{path.name}`", record["status"], record["gpu"]["name"],
+                        ", ".join(f"`{k}`" for k in record)])
+    parts += ["\nThe committed calibration files and the keys each holds:\n\n",
+              table(["file", "status", "GPU", "keys"], present)]
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ tables from exhibits
+
+
+def validation_table() -> str:
+    rows = []
+    for r in exhibit("validation")["data"]["rows"]:
+        error = "" if r["error"] is None else f"{100 * r['error']:+.1f} %"
+        rows.append([f"`{r['scenario']}`", r["what"], f"{r['measured']:,}", f"{r['simulated']:,.5g}", error,
+                     r["source"]])
+    return table(["scenario", "figure", "measured", "simulated", "error", "measured where"], rows, "llrrrl")
+
+
+def ds4_reserve_table() -> str:
+    rows = [[r["reserve_gib"], f"{r['q2_slots']:,}", f"{r['q4_slots']:,}", f"{100 * r['decode_hit_rate']:.1f} %",
+             f"{r['decode_tok_s']:.1f}"] for r in exhibit("memory")["data"]["reserve"]]
+    return table(["reserve (GiB)", "q2 class slots", "q4 class slots", "decode hit rate", "decode tok/s"], rows, "rrrrr")
+
+
+def strata_658_table() -> str:
+    labels = {"strata-658-borrow": "`--expert-cache 5400`, borrow", "strata-658-own": "`--expert-cache 5400`, own",
+              "strata-658-auto-borrow": "auto, borrow (upstream)", "strata-658-auto-own": "auto, own allowed (fork)"}
+    data = exhibit("strata-658")["data"]
+    rows = [[labels[n], f"{d['cache_slots']:,}", f"{d['cache_mib']:,.0f}", "owned" if d["owned"] else "borrowed",
+             f"{d['chunk']:,}", f"{d['buffer_mib']:,.0f}", f"{d['lent_slots']:,}", f"{d['file_blob_reads']:,}",
+             f"{d['prefill_tok_s']:,.1f}"] for n, d in data.items()]
+    return table(["scenario", "cache slots", "cache MiB", "buffers", "chunk", "buffer MiB", "lent slots",
+                  "file-blob reads", "prompt tok/s"], rows, "lrrlrrrrr")
+
+
+def strata_reserve_table() -> str:
+    rows = [[f"{r['reserve_mib']:,}", f"{r['cache_slots']:,}", f"{r['cache_mib']:,.0f}",
+             "owned" if r["owned"] else "borrowed", f"{r['lent_slots']:,}", f"{r['prefill_tok_s']:,.0f}",
+             f"{100 * r['decode_hit_rate']:.1f} %"] for r in exhibit("strata-reserve")["data"]["rows"]]
+    return table(["--vram-reserve-mib", "cache slots", "cache MiB", "buffers", "lent slots", "prompt tok/s",
+                  "decode hit rate"], rows, "rrrlrrr")
+
+
+def conversation_table() -> str:
+    data = exhibit("memory")["data"]["conversation"]
+    rows = []
+    for label, title in (("on", "2048 MiB (on)"), ("off", "0 (off)")):
+        d = data[label]
+        restore = "" if d["restore_ms"] is None else f"{d['restore_ms']:.1f}"
+        rows.append([title, d["parks"], f"{d['resumed_tokens']:,}", restore, f"{d['prefill_ms']:,.0f}",
+                     f"{d['ttft_s']:.2f}"])
+    return table(["--conversation-cache-mib", "sessions parked", "tokens resumed by A's 2nd turn", "restore ms",
+                  "A's 2nd turn: prompt ms", "TTFT s"], rows, "lrrrrr")
+
+
+REGIONS = {"cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
+           "calibration-file": calibration_file, "validation-table": validation_table,
+           "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
+           "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table}
+
+
+def render(name: str) -> str | None:
+    fn = REGIONS.get(name)
+    return None if fn is None else fn()

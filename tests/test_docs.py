@@ -1,0 +1,105 @@
+"""The docs site stays true to the code: figures, quoted numbers, generated reference sections and snippets
+are regenerated and compared with what the pages hold, and the site builds with warnings as errors.
+
+When a check fails because the code changed on purpose, `python docs/tools/make_docs.py` rewrites
+everything; `EXPERTSIM_UPDATE_GOLDEN=1 python -m pytest tests/test_docs.py` does the same from here.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "tools"))
+
+import make_docs  # noqa: E402 - docs/tools is on the path only from here
+from docgen import exhibits, pages, reference, snippets  # noqa: E402
+
+UPDATE = os.environ.get("EXPERTSIM_UPDATE_GOLDEN") == "1"
+STALE = "\nRegenerate with: python docs/tools/make_docs.py"
+
+
+@pytest.mark.parametrize("name", sorted(exhibits.EXHIBITS))
+def test_exhibit_is_current(name):
+    problems = make_docs.exhibit_problems(name, UPDATE)
+    assert not problems, "\n".join(problems) + STALE
+
+
+def test_quoted_numbers_match_the_exhibits():
+    problems = pages.check_numbers(UPDATE)
+    assert not problems, "\n".join(problems) + STALE
+
+
+def test_generated_regions_are_current():
+    problems = pages.check_regions(reference.render, UPDATE)
+    assert not problems, "\n".join(problems) + STALE
+
+
+def test_every_figure_is_embedded_and_every_embedded_figure_exists():
+    embedded = set().union(*pages.figure_links().values())
+    on_disk = {p.name for p in pages.FIGURES.glob("*.svg")}
+    assert embedded - on_disk == set(), "pages embed missing figures"
+    assert on_disk - embedded == set(), "figures no page embeds"
+
+
+@pytest.mark.parametrize("page", snippets.runnable_pages(), ids=lambda p: pages.rel(p))
+def test_snippets_match_their_golden_output(page):
+    problems = snippets.check_page(page, UPDATE)
+    assert not problems, "\n".join(problems) + "\nRegenerate with: EXPERTSIM_UPDATE_GOLDEN=1 python -m pytest tests/test_docs.py"
+
+
+def test_no_orphan_golden_files():
+    problems = snippets.orphans(UPDATE)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_runnable_looking_block_runs_or_says_why_not():
+    """A shell block that is not only `expertsim` commands must be marked skip with a reason."""
+    problems = []
+    for page in pages.pages():
+        found, marks = snippets.blocks(page.read_text())
+        problems += [f"{pages.rel(page)}: {m}" for m in marks]
+        for block in found:
+            if block.kind == "shell" and block.skip is None:
+                for command in snippets.shell_commands(block.code):
+                    if not command.startswith("expertsim "):
+                        problems.append(f"{pages.rel(page)}: {command!r} is not runnable and not marked skip")
+    assert not problems, "\n".join(problems)
+
+
+def test_getting_started_shows_the_readme_commands():
+    from tests.test_readme import readme_commands
+
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    first = next(b for b in snippets.blocks(text)[0] if b.kind == "shell")
+    assert snippets.shell_commands(first.code) == readme_commands()[:2]
+
+
+def test_every_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    listed = set(re.findall(r":\s*([\w/.-]+\.md)\s*$", nav, re.M))
+    assert {str(p.relative_to(ROOT / "docs")) for p in pages.pages()} == listed
+
+
+def test_metrics_glossary_defines_every_reported_metric():
+    from sim.cli import HEADLINE
+    from sim.explore.plan import DERIVED_KEYS
+    from sim.explore.sweep import HEADLINE as SWEEP_HEADLINE
+
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    missing = [k for k in (*HEADLINE, *SWEEP_HEADLINE, *DERIVED_KEYS) if f"`{k}`" not in text]
+    assert not missing, f"docs/metrics.md does not define {missing}"
+
+
+def test_site_builds_with_warnings_as_errors(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # material's notice about MkDocs 2.0, not a build warning
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                             "-d", str(tmp_path / "site")], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    assert (tmp_path / "site" / "concepts" / "lending" / "index.html").exists()
+    assert not (tmp_path / "site" / "tools").exists()
