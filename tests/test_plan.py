@@ -63,6 +63,20 @@ def test_strata_auto_cache_own_vs_borrow_makes_no_difference():
     assert "no prefill_tok_s difference within 3 %" in plan.explanations[0]
 
 
+def test_default_plan_explains_every_knob_against_a_run_alternative():
+    # the default search ends with every knob's other values tried around the best, so no choice stands alone;
+    # and on the #658 scenario it reaches the seed's conclusion without being told which knob to look at
+    plan = make_plan("scenarios/strata-658-borrow.toml")
+    assert len(plan.explanations) == len(plan.knobs)
+    assert not [line for line in plan.explanations if "no alternative was run" in line]
+    assert plan.best.settings["engine.env.STRATA_PREFILL_OWN_AUTO"] == "1"
+    for knob in plan.knobs:  # the best is at least as good as each one-knob neighbour that ran
+        for c in plan.candidates:
+            if c.ran and c.feasible and all(c.settings.get(k) == plan.best.settings.get(k)
+                                            for k in plan.knobs if k != knob):
+                assert c.metrics["prefill_tok_s"] <= plan.best.metrics["prefill_tok_s"] + 1e-9
+
+
 def test_impossible_constraint_lists_the_closest():
     with pytest.raises(NoFeasiblePlan) as err:
         make_plan("scenarios/strata-658-borrow.toml", grids=[OWN], constraints=["prefill_tok_s>=100000"])

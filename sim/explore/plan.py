@@ -352,6 +352,9 @@ def _pick(cands: list[Candidate], key: str, sign: int) -> Candidate | None:
     return min((c for c in feasible if _score(c, key, sign) >= top - tol), key=lambda c: c.changed)
 
 
+MAX_NEIGHBOURHOOD_ROUNDS = 4  # stage 3 rounds; each round runs at most one candidate per knob value
+
+
 def make_plan(scenario_path: str | Path, objective: str | None = None, constraints: list[str] | None = None,
               grids: list[str] | None = None, workers: int = 1) -> Plan:
     """Search the knobs (the default candidates, or `grids`), apply the constraints, maximise the objective.
@@ -388,6 +391,19 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
     for k, values in secondary:
         fixed = [(kk, [anchor[kk]]) for kk in knobs if kk != k and anchor.get(kk) is not None]
         cands += _expand(path, base, [*fixed, (k, values)], base_settings, workers, parsed, seen)
+    # stage 3: every knob's other values around the best (coordinate ascent until the best holds), so that
+    # each choice is explained against candidates that differ from it in that knob only
+    best = _pick(cands, key, sign)
+    for _ in range(MAX_NEIGHBOURHOOD_ROUNDS):
+        if best is None:
+            break
+        for k, values in primary + secondary:
+            fixed = [(kk, [best.settings[kk]]) for kk in knobs if kk != k and best.settings.get(kk) is not None]
+            cands += _expand(path, base, [*fixed, (k, values)], base_settings, workers, parsed, seen)
+        again = _pick(cands, key, sign)
+        if again is best:
+            break
+        best = again
     plan = Plan(path, engine, key, sign, parsed, knobs, base_settings, cands)
     plan.best = _pick(cands, key, sign)
     if plan.best is None:
