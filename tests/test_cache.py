@@ -306,3 +306,17 @@ def test_per_layer_lru_hit_rates_on_real_mixtral_decode(name, measured_percent):
     for capacity, measured in zip(range(2, 7), measured_percent):
         simulated = 100 * replay(trace, g, "lru", "layer", np.full(32, capacity)).summary()["hit_rate"]
         assert abs(simulated - measured) <= 1.05, (capacity, simulated, measured)  # figures rounded to 1 %
+
+
+def test_key_counts_match_a_bincount_of_the_keys():
+    from sim.cache.kernels import key_counts
+
+    rng = np.random.default_rng(3)
+    experts = rng.integers(0, 9, size=(50, 4, 3)).astype(np.uint16)
+    experts[5, 2] = 0xFFFF  # a missing cell is not an access
+    layer = np.broadcast_to(np.arange(4)[None, :, None], experts.shape)
+    present = experts != 0xFFFF
+    expected = np.bincount((layer * 9 + experts)[present].astype(np.int64), minlength=36)
+    counts = np.zeros(36, np.int64)
+    key_counts(experts, 9, counts)
+    assert counts.tolist() == expected.tolist()

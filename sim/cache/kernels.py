@@ -252,6 +252,23 @@ def lfu_replay(experts, phase, pool_of_layer, n_experts, prefill_mode, capacity,
                 last[key] = t
 
 
+# --- counts ----------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def key_counts(experts, n_experts, counts):
+    """Add each (layer, expert) key's accesses in a [rows, layers, k] block to counts[layer * n_experts +
+    expert] (missing cells skipped): one pass over the uint16 ids, no int64 key array."""
+    rows, layers, top_k = experts.shape
+    for r in range(rows):
+        for layer in range(layers):
+            base = layer * n_experts
+            for j in range(top_k):
+                e = experts[r, layer, j]
+                if e != 0xFFFF:
+                    counts[base + e] += 1
+
+
 # --- Belady / OPT (MIN with bypass) ----------------------------------------------------------------
 # The bound: on a miss with a full pool, keep whichever of {new key, residents} are used soonest. A max-heap
 # per pool over the residents' next-use times, indexed by key so that a hit can re-key in place.

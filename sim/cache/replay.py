@@ -436,14 +436,11 @@ def decode_bound_hits(trace, geometry, capacity: np.ndarray) -> np.ndarray:
     keys = (layers[:, None].astype(np.int64) * n_experts + experts[rows, layers]).reshape(-1)
     decode = np.repeat(trace.phase[rows] == PHASE_DECODE, experts.shape[2])
     decode_at = np.flatnonzero(decode)
-    used, first = np.unique(keys[decode_at], return_index=True)
+    used, first = np.unique(keys[decode_at], return_index=True)  # each key's first decode access
+    first_decode = np.full(geometry.n_layers * n_experts, kernels.NEVER, np.int64)
+    first_decode[used] = decode_at[first]
     prompt_at = np.flatnonzero(~decode)
-    first_use = np.full(len(prompt_at), kernels.NEVER, np.int64)
-    if len(used):
-        at = np.minimum(np.searchsorted(used, keys[prompt_at]), len(used) - 1)
-        found = used[at] == keys[prompt_at]
-        first_use[found] = decode_at[first[at[found]]]
-    nxt[prompt_at] = first_use
+    nxt[prompt_at] = first_decode[keys[prompt_at]]
     counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
     pool_of_layer = geometry.class_of_layer.astype(np.int64)
     kernels.opt_replay(experts, trace.phase, pool_of_layer, n_experts, np.asarray(capacity, np.int64), nxt, True,

@@ -330,6 +330,8 @@ class Ds4Engine:
             if self.allocated[0]:
                 self.size_changes[self.phase] += 1
             self.dedup[0].reset()  # note_size() resets the cap and the notice on a size change
+        if self.allocated[pool] and (self.per_class or self.slab_class == cls) and self.cache.capacity[pool] >= target:
+            return t, pool  # the rule's "big enough: as is" answer, taken per layer step without building its inputs
         held = self.pool_state(pool)
         out = ds4_plan.prepare_class_cache(held, self.class_keys[cls], target, self._available(), self.reserve_bytes)
         if held is not None and out.state is held:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from sim.cache.kernels import key_counts
 from sim.engine import strata_plan as sp
 from sim.engine.timeline import Link, Recorder
 from sim.engine.workload import WorkloadRouting
@@ -171,9 +172,10 @@ class StrataEngine:
     # ------------------------------------------------------------------------------------ startup
 
     def _pair_counts(self, rows: np.ndarray) -> np.ndarray:
-        """Routed (token, k) cells per pair of a [T, L, k] uint16 block (missing cells fall past the end)."""
-        idx = rows.astype(np.int32) + self.offsets
-        return np.bincount(idx.ravel(), minlength=self.L * self.E + MISSING)[: self.L * self.E]
+        """Routed (token, k) cells per pair of a [T, L, k] uint16 block (missing cells skipped)."""
+        counts = np.zeros(self.L * self.E, np.int64)
+        key_counts(rows, self.E, counts)
+        return counts
 
     def _rank_pairs(self) -> tuple[np.ndarray, bool]:
         n_pairs = self.L * self.E

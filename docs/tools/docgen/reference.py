@@ -341,10 +341,108 @@ def conversation_table() -> str:
                   "A's 2nd turn: prompt ms", "TTFT s"], rows, "lrrrrr")
 
 
+# ------------------------------------------------------------------------------------------ trace format
+
+# What each part of the trace file means: the columns and keys come from the code (a file written by
+# sim.trace.format.write_trace, the TraceHeader dataclass); a column or key without a note here fails the
+# docs build, so a format change cannot leave this page behind.
+TRACE_COLUMN_NOTES = {
+    "request": "request id, >= 0",
+    "position": "token index within the request (prompt first), >= 0",
+    "phase": "0 prefill, 1 decode",
+    "experts": "layer-major: entry `l·top_k + j` is `experts[row, l, j]`; 65535 marks a missing cell",
+    "weights": "optional; same layout; gate weights (0 in missing cells)",
+}
+TRACE_HEADER_NOTES = {
+    "model": "model name (a preset name, or `\"unknown (<importer>)\"`)",
+    "n_layers": "MoE layers in the trace (layer index = position in axis 1)",
+    "n_experts": "routed experts per layer",
+    "top_k": "experts per token and layer",
+    "source": "file name the trace came from, or a description for synthetic traces",
+    "source_sha256": "SHA-256 (hex) of the source file's bytes, as imported",
+    "generator": "how the trace was made (importer, variant, notes, the generator preset and seed)",
+    "format_version": "the format's version",
+}
+
+
+def trace_parquet_schema() -> str:
+    """The Parquet columns, their Arrow types and the schema metadata keys of a file write_trace makes."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from sim.trace import format as fmt
+
+    header = fmt.TraceHeader("example", 2, 8, 2, "docs", "")
+    experts = np.zeros((1, 2, 2), np.uint16)
+    trace = fmt.Trace(header, np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.uint8), experts,
+                      np.zeros((1, 2, 2), np.float32))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.parquet"
+        fmt.write_trace(trace, path)
+        schema = pq.read_schema(path)
+    # a 2-layer, top-2 file: its list width 4 stands for n_layers·top_k
+    rows = [[f"`{f.name}`", f"`{str(f.type).replace('[4]', '[n_layers·top_k]')}`", TRACE_COLUMN_NOTES[f.name]]
+            for f in schema]
+    keys = [[f"`{k.decode()}`", "the header as JSON (sorted keys)" if k == fmt.METADATA_KEY
+             else "`Trace.sha256()` of the content"] for k in schema.metadata]
+    return (table(["column", "Arrow type", "notes"], rows) + "\nSchema metadata:\n\n"
+            + table(["key", "value"], keys))
+
+
+def trace_header() -> str:
+    from dataclasses import fields
+
+    from sim.trace.format import FORMAT_VERSION, TraceHeader
+
+    rows = []
+    for f in fields(TraceHeader):
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        note = TRACE_HEADER_NOTES[f.name]
+        if f.name == "format_version":
+            note += f": `{FORMAT_VERSION}`"
+        rows.append([f"`{f.name}`", kind, note])
+    return table(["key", "type", "meaning"], rows)
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+
+# docs/figures/bench.json: one recorded `expertsim bench --json` run (rows name, value, unit, target, met)
+# with the machine it ran on. Timings depend on the machine and the run takes minutes, so the run is
+# recorded (re-record it with `expertsim bench --json` after a change that can move a figure) and the docs
+# test checks that the page shows that record.
+
+
+def bench_record() -> dict:
+    return json.loads((FIGURES / "bench.json").read_text())
+
+
+def _bench_value(row: dict) -> str:
+    value = row["value"]
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        value = f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
+    elif isinstance(value, int):
+        value = f"{value:,}"
+    return f"{value} {row.get('unit') or ''}".strip()
+
+
+def bench_table() -> str:
+    record = bench_record()
+    met = {True: "yes", False: "**no**", None: ""}
+    rows = [[f"`{r['name']}`", _bench_value(r), r.get("target") or "", met[r.get("met")]] for r in record["rows"]]
+    return (f"Recorded {record['recorded']} on {record['machine']} (`{record['command']}`):\n\n"
+            + table(["row", "value", "target", "met"], rows, "lrll"))
+
+
 REGIONS = {"cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
-           "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table}
+           "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,
+           "trace-parquet-schema": trace_parquet_schema, "trace-header": trace_header, "bench-table": bench_table}
 
 
 def render(name: str) -> str | None:
