@@ -409,14 +409,14 @@ def trace_header() -> str:
 
 # ------------------------------------------------------------------------------------------ benchmark
 
-# docs/figures/bench.json: one recorded `expertsim bench --json` run (rows name, value, unit, target, met)
+# docs/reference/bench.json: one recorded `expertsim bench --json` run (rows name, value, unit, target, met)
 # with the machine it ran on. Timings depend on the machine and the run takes minutes, so the run is
 # recorded (re-record it with `expertsim bench --json` after a change that can move a figure) and the docs
 # test checks that the page shows that record.
 
 
 def bench_record() -> dict:
-    return json.loads((FIGURES / "bench.json").read_text())
+    return json.loads((ROOT / "docs" / "reference" / "bench.json").read_text())
 
 
 def _bench_value(row: dict) -> str:
