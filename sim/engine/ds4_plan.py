@@ -45,12 +45,9 @@ DEFAULT_VRAM_RESERVE_GIB = 16                      # live_budget L1510-1579: res
 VRAM_RESERVE_MAX_FRACTION_OF_TOTAL = 0.5           # live_budget: reserve clamped to total VRAM / 2 (§1.3)
 MAX_EXPERT_SIZE_CLASSES = 4                        # port L218-231: DS4_CUDA_STREAM_EXPERT_CLASSES (§1.2)
 OOM_SHRINK_DIVISOR = 10                            # shrunken_cap L1605: cap -= ceil(cap / 10) (§1.3)
-SLAB_PARTS_PER_EXPERT = 3                          # gate, up and down slabs: expert bytes = 2 x gate + down (§1.2)
 AUTO_PRELOAD_CAP_EXPERTS = 4096                    # DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP default (§1.9)
 # fmt: on
 
-ENV_CACHE_EXPERTS = "DS4_CUDA_STREAMING_EXPERT_CACHE_N"
-ENV_RESERVE_GIB = "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
 CLI_CACHE_EXPERTS = "--ssd-streaming-cache-experts"
 
 _CACHE_ARG = re.compile(r"([0-9]+)(GB)?")

@@ -35,7 +35,6 @@ U64_MAX = (1 << 64) - 1                            # size_t saturation in the fo
 
 SLOT_ALIGN_BYTES = 256                             # roundup256(blob) per sized slot (generate.cpp, §2.3, §3.1)
 IQ3S_MAX_BLOB_BYTES = 2_662_400                    # IQ3_S pack's largest blob, IQ4_XS + IQ4_NL (§2.2)
-DEFAULT_VRAM_RESERVE_MIB = 700                     # --vram-reserve-mib default (generate.cpp, §3.1)
 FORK_VRAM_RESERVE_MIB = 1536                       # the #658 fork's reserve (§5.1, seed)
 OWNED_PREFILL_BASE_MIB = 160                       # auto sizing without borrowing: 160 + chunk*680/1024 MiB (§3.1)
 OWNED_PREFILL_MIB_PER_1024_TOKENS = 680            # same rule (§3.1)
