@@ -22,21 +22,20 @@ def test_hand_driven_link_intervals():
     assert serial(0.0, [(a, 100, 1), (b, 0, 2)]) == 6.0
     assert a.free_at == b.free_at == 6.0
     c = Link("c", 0.0)
-    c.busy_s += 2.0  # an engine booking busy time itself (Strata's compute stream waiting on its inputs)
-    c.free_at = 10.0
-    c.bytes_moved += 5
-    c.ops += 1
-    c.free_at = max(c.free_at, 12.0)  # waiting, not busy: no interval
+    # 2 s of work from 0 whose inputs arrive at 10 (Strata's compute stream): busy 8-10, free at 10
+    assert c.book(0.0, 2.0, inputs_ready_s=10.0) == (0.0, 10.0)
+    assert c.hold(10.0, 0.0, n_bytes=5, n_ops=1) == 10.0  # bytes and ops with no time: a zero-length interval
+    c.block_until(12.0)  # waiting, not busy: no interval
     assert a.intervals() == [(1.0, 3.0, 0, 0, "hold"), (3.0, 4.0, 0, 0, "hold"), (4.0, 5.5, 100, 1, "serial")]
     assert b.intervals() == [(5.5, 6.0, 0, 2, "serial")]
-    assert c.intervals() == [(8.0, 10.0, 5, 1, "busy")]
+    assert c.intervals() == [(8.0, 10.0, 0, 0, "busy"), (10.0, 10.0, 5, 1, "hold")]
     assert (a.busy_s, a.bytes_moved, a.ops) == (4.5, 100, 1) and (c.busy_s, c.bytes_moved, c.ops) == (2.0, 5, 1)
     frame = link_frame([a, b, c])
     assert list(frame.columns) == ["link", "start_s", "end_s", "bytes", "ops", "kind"]
-    assert frame["link"].tolist() == ["a"] * 3 + ["b", "c"]
-    # busy time with no later free_at ends where the link is free
-    c.busy_s += 1.0
-    assert c.intervals()[-1] == (11.0, 12.0, 0, 0, "busy")
+    assert frame["link"].tolist() == ["a"] * 3 + ["b"] + ["c"] * 2
+    # work that needs no wait starts where the link is free (after the block) and ends its own time later
+    assert c.book(11.0, 1.0) == (12.0, 13.0)
+    assert c.intervals()[-1] == (12.0, 13.0, 0, 0, "busy")
 
 
 @pytest.mark.parametrize("scenario", ["scenarios/ds4-504-per-class.toml", "scenarios/strata-658-borrow.toml"])

@@ -23,10 +23,9 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from sim import __version__
 from sim.cache.kernels import HIT
 from sim.cache.replay import Geometry, capacity_pools, lru_mrc, mrc_exact, parse_slots, read_profile, replay
-from sim.engine.run import RunResult
+from sim.engine.run import RunResult, provenance
 from sim.engine.timeline import Recorder
 from sim.engine.workload import workload_routing
 from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
@@ -109,8 +108,6 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 def run_replay(scenario) -> RunResult:
     """Replay the scenario's workload through its cache; a RunResult whose step, copy and request frames are
     empty (nothing is timed)."""
-    from sim.scenario import scenario_hash
-
     flags = scenario.engine.flags
     trace, geometry, scope, n_pools = _cache(scenario)
     capacity = parse_slots(flags.slots, n_pools, "engine.flags.slots")
@@ -142,17 +139,8 @@ def run_replay(scenario) -> RunResult:
         "engine_state": {"policy": flags.policy, "scope": scope, "prefill_mode": flags.prefill_mode,
                          "capacity_slots": result.capacity.tolist(),
                          **{k: total[k] for k in ("profile", "size_changes") if k in total}},
-        "provenance": {
-            "expertsim": __version__,
-            "scenario_sha256": scenario_hash(scenario),
-            "hardware_profile": str(getattr(hardware, "_path", None) or hardware.name),
-            "calibration": str(hardware.calibration_path) if hardware.calibration_path else None,
-            "calibration_sha256": hardware.calibration_sha256,
-            "trace_sha256": trace.header.source_sha256,
-            "profile": str(profile_path) if profile_path else None,
-            "profile_sha256": profile_sha,
-            "command_line": scenario.command_line(),
-        },
+        "provenance": provenance(scenario, trace.header.source_sha256,
+                                 profile=str(profile_path) if profile_path else None, profile_sha256=profile_sha),
     }
     recorder = Recorder()
     return RunResult(summary, recorder.step_frame(), recorder.copy_frame(), pd.DataFrame())

@@ -292,11 +292,14 @@ class Ds4Engine:
 
     # --- VRAM ------------------------------------------------------------------------------------
 
+    def _pool_bytes(self, pool: int) -> int:
+        """VRAM of the pool's three slabs (0 when it is not allocated)."""
+        if not self.allocated[pool]:
+            return 0
+        return int(self.cache.capacity[pool]) * self.class_bytes[pool if self.per_class else self.slab_class]
+
     def _cache_bytes(self) -> int:
-        caps = self.cache.capacity
-        if self.per_class:
-            return int(sum(int(caps[c]) * self.class_bytes[c] for c in range(self.n_classes) if self.allocated[c]))
-        return int(caps[0]) * self.class_bytes[self.slab_class] if self.allocated[0] else 0
+        return sum(self._pool_bytes(pool) for pool in range(len(self.allocated)))
 
     def vram_used(self) -> int:
         return self.vram_total - self.vram_free + self._cache_bytes() + self.staging_bytes
@@ -312,13 +315,17 @@ class Ds4Engine:
         """cuda_stream_expert_cache_release_all: free every cache (their contents are lost)."""
         for pool, allocated in enumerate(self.allocated):
             if allocated:
-                size = int(self.cache.capacity[pool]) * (self.class_bytes[pool] if self.per_class else self.class_bytes[self.slab_class])
-                t = self.links["host"].hold(t, self._alloc_cost(size, release=True))
-                self.flushes[pool] += self.cache.count(pool) > 0
-                self.cache.flush(pool)
-                self.cache.resize(pool, 0)
-                self.allocated[pool] = False
+                t = self._free_pool(t, pool)
         self.slab_class = -1
+        return t
+
+    def _free_pool(self, t: float, pool: int) -> float:
+        """cudaFree of one pool's slabs: its cached experts are lost."""
+        t = self.links["host"].hold(t, self._alloc_cost(self._pool_bytes(pool), release=True))
+        self.flushes[pool] += self.cache.count(pool) > 0
+        self.cache.flush(pool)
+        self.cache.resize(pool, 0)
+        self.allocated[pool] = False
         return t
 
     def _prepare(self, t: float, cls: int, target_experts: int | None = None) -> tuple[float, int]:
@@ -340,10 +347,7 @@ class Ds4Engine:
         if printed is not None:
             self.notices.append(printed)
         if held is not None:  # a size change or growth releases the old allocation and its contents
-            t = self.links["host"].hold(t, self._alloc_cost(held.capacity_experts * ds4_plan.expert_bytes(*held.size_key),
-                                                            release=True))
-            self.flushes[pool] += self.cache.count(pool) > 0
-            self.cache.flush(pool)
+            t = self._free_pool(t, pool)
         capacity = out.state.capacity_experts if out.state is not None else 0
         self.cache.resize(pool, capacity)
         self.allocated[pool] = out.state is not None
@@ -376,10 +380,7 @@ class Ds4Engine:
         path = getattr(env, "DS4_METAL_STREAMING_EXPERT_HOTLIST", None)
         if path:
             file = Path(path) if scenario.path is None else Path(scenario.path).parent / path
-            geometry = Geometry(self.n_layers, self.n_experts, self.expert_bytes[: self.n_layers],
-                                self.class_of_layer[: self.n_layers].astype(np.int16),
-                                np.array(self.class_bytes, np.int64), scenario.layout.name)
-            ranking = read_profile(file, geometry)
+            ranking = read_profile(file, Geometry.of_layout(scenario.layout, self.n_layers))
         elif scenario.trace.generator is not None:
             ranking = builtin_hotlist(scenario.trace.generator)
             if ranking is None:  # ds4 ships lists for DeepSeek V4 Flash and Pro only
@@ -408,20 +409,10 @@ class Ds4Engine:
             if self.allocated[pool] and self.cache.count(pool) >= preload:
                 self.seeding["layers_skipped_full"] += 1
                 continue
-            start = t
-            t, pool = self._prepare(t, int(self.class_of_layer[layer]), len(experts))
-            outcome, _, _ = self.cache.access(layer, experts, pool, MODE_EVICT)
-            n = np.bincount(outcome.astype(np.int64), minlength=4)
-            loaded = int(n[INSERT] + n[EVICT])
-            t = self._load_parts(t, layer, loaded)
+            t, loaded = self._fetch(t, layer, experts, MODE_EVICT,
+                                    dict(request=request, phase="seed", step=step_no, layer=layer, start_s=t),
+                                    target_experts=len(experts), to_kernel=False)
             self.seeding["loaded"] += loaded
-            n_bytes = int(loaded * self.expert_bytes[layer])
-            sid = self.rec.step(request=request, phase="seed", step=step_no, layer=layer, start_s=start, end_s=t,
-                                lookups=len(experts), hits=int(n[HIT]), inserts=int(n[INSERT]),
-                                evictions=int(n[EVICT]), h2d_bytes=n_bytes, file_read_bytes=n_bytes,
-                                file_blob_reads=loaded, vram_used_bytes=self.vram_used())
-            for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
-                self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
         return t
 
     def _grow_staging(self, t: float, n_bytes: int) -> float:
@@ -452,27 +443,33 @@ class Ds4Engine:
             return t
         return serial(t, [(self.links["d2d"], n_experts * int(self.expert_bytes[layer]), PARTS_PER_EXPERT * n_experts)])
 
-    def _fetch(self, t: float, layer: int, experts: np.ndarray, mode: int, step: dict) -> tuple[float, int]:
-        """Look the experts up in their class cache and move their bytes; returns (time, step id)."""
+    def _fetch(self, t: float, layer: int, experts: np.ndarray, mode: int, step: dict,
+               target_experts: int | None = None, to_kernel: bool = True) -> tuple[float, int]:
+        """Look the experts up in their class cache (prepared for target_experts, default the budget) and move
+        their bytes; records the step; returns (time, experts loaded into slots). to_kernel=False is a seeding
+        pass: misses are loaded into their slots and nothing is copied to staging (nor loaded without a slot)."""
         cls = int(self.class_of_layer[layer])
-        t, pool = self._prepare(t, cls)
+        t, pool = self._prepare(t, cls, target_experts)
         outcome, _, _ = self.cache.access(layer, experts, pool, mode)
         n = np.bincount(outcome.astype(np.int64), minlength=4)
         hits, inserts, evictions, direct = (int(n[HIT]), int(n[INSERT]), int(n[EVICT]), int(n[DIRECT]))
         loaded = inserts + evictions
+        if not to_kernel:
+            direct = 0
+        handed = hits + loaded if to_kernel else 0
         t = self._load_parts(t, layer, loaded + direct)
-        t = self._d2d(t, layer, hits + loaded)
+        t = self._d2d(t, layer, handed)
         step.update(lookups=len(experts), hits=hits, inserts=inserts, evictions=evictions, direct_loads=direct,
                     h2d_bytes=int((loaded + direct) * self.expert_bytes[layer]),
-                    d2d_bytes=int((hits + loaded) * self.expert_bytes[layer]),
+                    d2d_bytes=int(handed * self.expert_bytes[layer]),
                     file_read_bytes=int((loaded + direct) * self.expert_bytes[layer]),
                     file_blob_reads=loaded + direct)
         sid = self.rec.step(**step, end_s=t, vram_used_bytes=self.vram_used())
         for part, part_bytes in zip(("gate", "up", "down"), self.part_bytes[layer]):
             self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
             self.rec.copy(sid, "H2D", direct, part_bytes, "file", f"staging:{part}")
-            self.rec.copy(sid, "D2D", hits + loaded, part_bytes, f"slab:{part}", f"staging:{part}")
-        return t, sid
+            self.rec.copy(sid, "D2D", handed, part_bytes, f"slab:{part}", f"staging:{part}")
+        return t, loaded
 
     # --- the engine's paths ----------------------------------------------------------------------
 

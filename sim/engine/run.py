@@ -46,9 +46,25 @@ class RunResult:
     routing: object = None  # WorkloadRouting
 
 
-def run_scenario(scenario) -> RunResult:
+def provenance(scenario, trace_sha256: str, **extra) -> dict:
+    """What a result was made from: package version, scenario hash, hardware profile and calibration file
+    (with its hash), the routing's sha256 and the engine command line; `extra` adds keys (a replay's profile)."""
     from sim.scenario import scenario_hash
 
+    profile = scenario.hardware_profile
+    return {
+        "expertsim": __version__,
+        "scenario_sha256": scenario_hash(scenario),
+        "hardware_profile": str(getattr(profile, "_path", None) or profile.name),
+        "calibration": str(profile.calibration_path) if profile.calibration_path else None,
+        "calibration_sha256": profile.calibration_sha256,
+        "trace_sha256": trace_sha256,
+        **extra,
+        "command_line": scenario.command_line(),
+    }
+
+
+def run_scenario(scenario) -> RunResult:
     if scenario.engine.name == "replay":  # no engine: the workload through one cache, counts only
         from sim.engine.cache_only import run_replay
 
@@ -93,15 +109,7 @@ def run_scenario(scenario) -> RunResult:
         "gpu_idle_s": float(timing["end_s"].max()) - engine.links["compute"].busy_s,
         "links": [link.summary(float(timing["end_s"].max())) for link in engine.links.values()],
         "engine_state": state,
-        "provenance": {
-            "expertsim": __version__,
-            "scenario_sha256": scenario_hash(scenario),
-            "hardware_profile": str(getattr(profile, "_path", None) or profile.name),
-            "calibration": str(profile.calibration_path) if profile.calibration_path else None,
-            "calibration_sha256": profile.calibration_sha256,
-            "trace_sha256": routing.sha256,
-            "command_line": scenario.command_line(),
-        },
+        "provenance": provenance(scenario, routing.sha256),
     }
     return RunResult(summary, steps, copies, timing, tuple(engine.links.values()), scenario, routing)
 

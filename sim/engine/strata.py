@@ -377,22 +377,6 @@ class StrataEngine:
     def _ram_used(self) -> int:
         return self.resident_alloc + self._parked_bytes()
 
-    def _compute(self, ready: float, seconds: float, inputs_ready: float = 0.0) -> tuple[float, float]:
-        """Book `seconds` of compute from `ready`; the work also cannot end before its inputs arrive."""
-        c = self.links["compute"]
-        start = max(ready, c.free_at)
-        end = max(start + seconds, inputs_ready)
-        c.busy_s += seconds
-        c.free_at = end
-        return start, end
-
-    def _move(self, link: str, ready: float, seconds: float, n_bytes: int, ops: int) -> float:
-        lk = self.links[link]
-        end = lk.hold(ready, seconds)
-        lk.bytes_moved += int(n_bytes)
-        lk.ops += ops
-        return end
-
     def _source_split(self, pairs_mask: np.ndarray) -> np.ndarray:
         """[L, 4] counts of the masked pairs by source code."""
         codes = np.where(self.on_gpu, GPU, self.home).reshape(self.L, self.E)
@@ -451,12 +435,11 @@ class StrataEngine:
             cs_prev, c_prev, n_prev = carry
             head = min(1.0, ring / n) if n else 1.0
             consumed = c_prev * max(0.0, 1.0 - ring / n_prev) if n_prev else 0.0
-            copy_end = self._move("h2d", max(t, cs_prev + consumed), seconds * head, n * blob * head, 0)
+            copy_end = self.links["h2d"].hold(max(t, cs_prev + consumed), seconds * head, n * blob * head, n)
             cs = max(t, self.links["compute"].free_at)
             if head < 1.0:
-                copy_end = self._move("h2d", cs, seconds * (1.0 - head), n * blob * (1.0 - head), 0)
-            self.links["h2d"].ops += n
-            cs, end = self._compute(cs, c_layer, copy_end)
+                copy_end = self.links["h2d"].hold(cs, seconds * (1.0 - head), n * blob * (1.0 - head), 0)
+            cs, end = self.links["compute"].book(cs, c_layer, copy_end)
             carry[:] = [cs, c_layer, n]
             nbytes = n * blob
             sid = self.rec.step(request=request, phase="prefill", step=step_no, layer=layer, start_s=cs, end_s=end,
@@ -471,8 +454,9 @@ class StrataEngine:
         """An in-session checkpoint: the running state copied device -> host; the compute stream waits."""
         c = self.links["compute"]
         ready = max(t, c.free_at)
-        end = self._move("d2h", ready, RUNNING_STATE_BYTES / self.d2h_pageable + self.sync_s, RUNNING_STATE_BYTES, 1)
-        c.free_at = max(c.free_at, end)
+        seconds = RUNNING_STATE_BYTES / self.d2h_pageable + self.sync_s
+        end = self.links["d2h"].hold(ready, seconds, RUNNING_STATE_BYTES, 1)
+        c.block_until(end)
         sid = self.rec.step(request=request, phase="prefill", step=step_no, layer=-1, start_s=ready, end_s=end,
                             tokens=tokens, d2h_bytes=RUNNING_STATE_BYTES, vram_used_bytes=self._vram_used(),
                             ram_used_bytes=self._ram_used())
@@ -495,8 +479,8 @@ class StrataEngine:
         seconds = (len(pairs) * self.copy_lat_s + b[RAM_PINNED] / self.h2d_pinned
                    + (b[RAM_PAGEABLE] + b[FILE]) / self.h2d_pageable
                    + (1.0 - hit) * b[FILE] / self.ssd_qd1 + self.sync_s + self.memcpy_call_s)
-        end = self._move("h2d", ready, seconds, int(blobs.sum()), len(pairs))
-        self.links["compute"].free_at = max(self.links["compute"].free_at, end)
+        end = self.links["h2d"].hold(ready, seconds, int(blobs.sum()), len(pairs))
+        self.links["compute"].block_until(end)
         self.on_gpu[pairs] = True
         self.loan_first = None
         sid = self.rec.step(request=request, phase="prefill", step=step_no, layer=-1, start_s=ready, end_s=end,
@@ -514,7 +498,7 @@ class StrataEngine:
         """A short part through the decode verify windows (every lent slot is back by now)."""
         counts = self._pair_counts(rows)
         routed = counts > 0
-        start, end = self._compute(t, len(rows) * SHORT_READ_S_PER_TOKEN)
+        start, end = self.links["compute"].book(t, len(rows) * SHORT_READ_S_PER_TOKEN)
         self.rec.step(request=request, phase="prefill", step=step_no, layer=-1, start_s=start, end_s=end,
                       tokens=len(rows), lookups=int(routed.sum()), hits=int((routed & self.on_gpu).sum()),
                       vram_used_bytes=self._vram_used(), ram_used_bytes=self._ram_used())
@@ -529,7 +513,7 @@ class StrataEngine:
         misses = cells[~hit]
         miss_bytes = int(self.pair_blob[misses].sum())
         file_misses = int((self.home[misses] == FILE).sum())
-        start, end = self._compute(t, self.L * self.compute.decode_us_per_token_layer.value * 1e-6)
+        start, end = self.links["compute"].book(t, self.L * self.compute.decode_us_per_token_layer.value * 1e-6)
         np.add.at(self.usage, cells, 1.0)
         self.rounds += 1
         inserts = d2h = h2d = file_reads = 0
@@ -584,12 +568,12 @@ class StrataEngine:
         h2d = int(blobs.sum())
         pinned = int(blobs[homes_in == RAM_PINNED].sum())
         seconds = len(cand) * self.copy_lat_s + pinned / self.h2d_pinned + (h2d - pinned) / self.h2d_pageable
-        self._move("h2d", t, seconds, h2d, len(cand))
+        self.links["h2d"].hold(t, seconds, h2d, len(cand))
         d2h = 0
         to_ram = homes_in != FILE  # the victim takes the incoming pair's place in RAM (none in the file tier)
         if self.flags.ram_mode != "arena" and to_ram.any():
             d2h = int(self.pair_blob[victim[to_ram]].sum())
-            self._move("d2h", t, int(to_ram.sum()) * self.copy_lat_s + d2h / self.d2h_pageable, d2h,
+            self.links["d2h"].hold(t, int(to_ram.sum()) * self.copy_lat_s + d2h / self.d2h_pageable, d2h,
                        int(to_ram.sum()))
         self.swaps += len(cand)
         return len(cand), h2d, d2h, int((homes_in == FILE).sum())
@@ -615,8 +599,8 @@ class StrataEngine:
                                                       "reason": result.reason})
             return t
         seconds = self.session_seconds(live["tokens"], restore=False)
-        end = self._move("d2h", max(t, self.links["compute"].free_at), seconds, entry.bytes, SESSION_COPIES)
-        self.links["compute"].free_at = max(self.links["compute"].free_at, end)
+        end = self.links["d2h"].hold(max(t, self.links["compute"].free_at), seconds, entry.bytes, SESSION_COPIES)
+        self.links["compute"].block_until(end)
         self.parked = result.entries
         self.conv_stats["parks"] += 1
         sid = self.rec.step(request=request, phase="prefill", step=-2, layer=-1, start_s=t, end_s=end, tokens=0,
@@ -628,8 +612,8 @@ class StrataEngine:
         seconds = self.session_seconds(tokens, restore=True)
         start = max(t, self.links["compute"].free_at)
         nbytes = session_bytes(tokens)
-        end = self._move("h2d", start, seconds, nbytes, SESSION_COPIES)
-        self.links["compute"].free_at = max(self.links["compute"].free_at, end)
+        end = self.links["h2d"].hold(start, seconds, nbytes, SESSION_COPIES)
+        self.links["compute"].block_until(end)
         self.conv_stats["restores"].append({"request": request, "conversation": entry.name, "tokens": tokens,
                                             "ms": (end - start) * 1e3})
         sid = self.rec.step(request=request, phase="prefill", step=-1, layer=-1, start_s=start, end_s=end,

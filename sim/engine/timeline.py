@@ -25,66 +25,26 @@ class Link:
     - "hold": `hold` occupies the link for a fixed time from max(ready, free_at);
     - "serial": the link's share of a `serial` chain, placed in chain order from the chain's start (the chain's
       real per-part interleaving of links is not kept, only each link's total inside the chain);
-    - "busy": busy time an engine adds to `busy_s` itself (Strata's compute stream, which may end later than its
-      busy time because it waits for its inputs): placed to end where the engine next sets `free_at`.
-    Bytes and ops an engine adds to `bytes_moved` / `ops` after a booking belong to the latest interval.
-    So the intervals of a link never overlap and sum to its busy_s, bytes_moved and ops.
+    - "busy": `book`, work that cannot end before its inputs arrive (Strata's compute stream): its busy time is
+      placed to end where the link becomes free.
+    `block_until` makes the link wait without being busy. So the intervals of a link never overlap and sum to its
+    busy_s, bytes_moved and ops.
     """
 
-    __slots__ = ("name", "bytes_per_s", "op_latency_s", "_free_at", "_busy_s", "_bytes", "_ops", "_pending_s",
-                 "log")
+    __slots__ = ("name", "bytes_per_s", "op_latency_s", "free_at", "busy_s", "bytes_moved", "ops", "log")
 
     def __init__(self, name: str, bytes_per_s: float, op_latency_s: float = 0.0):
         self.name, self.bytes_per_s, self.op_latency_s = name, bytes_per_s, op_latency_s
-        self._free_at = self._busy_s = self._pending_s = 0.0
-        self._bytes = self._ops = 0
+        self.free_at = self.busy_s = 0.0
+        self.bytes_moved = self.ops = 0
         self.log: list[tuple[float, float, int, int, str]] = []
 
-    # free_at, busy_s, bytes_moved and ops are properties so that an engine that books work by assigning them
-    # (strata.py) still leaves an exact interval log; the booking methods below bypass them.
-    @property
-    def free_at(self) -> float:
-        return self._free_at
-
-    @free_at.setter
-    def free_at(self, value: float) -> None:
-        if self._pending_s:
-            self.log.append((value - self._pending_s, value, 0, 0, "busy"))
-            self._pending_s = 0.0
-        self._free_at = value
-
-    @property
-    def busy_s(self) -> float:
-        return self._busy_s
-
-    @busy_s.setter
-    def busy_s(self, value: float) -> None:
-        self._pending_s += value - self._busy_s
-        self._busy_s = value
-
-    @property
-    def bytes_moved(self) -> int:
-        return self._bytes
-
-    @bytes_moved.setter
-    def bytes_moved(self, value: int) -> None:
-        self._attribute(value - self._bytes, 0)
-        self._bytes = value
-
-    @property
-    def ops(self) -> int:
-        return self._ops
-
-    @ops.setter
-    def ops(self, value: int) -> None:
-        self._attribute(0, value - self._ops)
-        self._ops = value
-
-    def _attribute(self, n_bytes: int, n_ops: int) -> None:
-        if not self.log:  # nothing booked yet: bytes without time, a zero-length interval
-            self.log.append((self._free_at, self._free_at, 0, 0, "busy"))
-        start, end, b, o, kind = self.log[-1]
-        self.log[-1] = (start, end, b + n_bytes, o + n_ops, kind)
+    def _book(self, end_s: float, busy_s: float, n_bytes: float, n_ops: int, kind: str) -> None:
+        """busy_s of work ending at end_s (after any wait for inputs), with its bytes and operations."""
+        self.busy_s += busy_s
+        self.bytes_moved += int(n_bytes)
+        self.ops += n_ops
+        self.log.append((end_s - busy_s, end_s, int(n_bytes), n_ops, kind))
 
     def cost_s(self, n_bytes: float, n_ops: int = 1) -> float:
         return n_ops * self.op_latency_s + (n_bytes / self.bytes_per_s if self.bytes_per_s else 0.0)
@@ -92,24 +52,29 @@ class Link:
     def charge(self, start_s: float, n_bytes: float, n_ops: int) -> float:
         """Account work done inside a serial chain from start_s (see `serial`); returns where it ends."""
         end = start_s + self.cost_s(n_bytes, n_ops)
-        self._busy_s += end - start_s
-        self._bytes += int(n_bytes)
-        self._ops += n_ops
-        self.log.append((start_s, end, int(n_bytes), n_ops, "serial"))
+        self._book(end, end - start_s, n_bytes, n_ops, "serial")
         return end
 
-    def hold(self, ready_s: float, seconds: float) -> float:
-        """Occupy the link for a fixed time (compute, a synchronous call)."""
-        start = ready_s if ready_s > self._free_at else self._free_at
-        self._free_at = start + seconds
-        self._busy_s += seconds
-        self.log.append((start, self._free_at, 0, 0, "hold"))
-        return self._free_at
+    def hold(self, ready_s: float, seconds: float, n_bytes: float = 0, n_ops: int = 0) -> float:
+        """Occupy the link for a fixed time (compute, a synchronous call, a copy timed by its caller)."""
+        start = ready_s if ready_s > self.free_at else self.free_at
+        self.free_at = start + seconds
+        self._book(self.free_at, seconds, n_bytes, n_ops, "hold")
+        return self.free_at
+
+    def book(self, ready_s: float, seconds: float, inputs_ready_s: float = 0.0) -> tuple[float, float]:
+        """`seconds` of work from max(ready, free_at) that cannot end before inputs_ready_s; returns (start, end)."""
+        start = max(ready_s, self.free_at)
+        self.free_at = max(start + seconds, inputs_ready_s)
+        self._book(self.free_at, seconds, 0, 0, "busy")
+        return start, self.free_at
+
+    def block_until(self, t_s: float) -> None:
+        """The link waits (not busy) until t_s: a stream held back by a copy it depends on."""
+        self.free_at = max(self.free_at, t_s)
 
     def intervals(self) -> list[tuple[float, float, int, int, str]]:
-        """The busy intervals in booking order; busy time added with no later `free_at` ends at free_at."""
-        if self._pending_s:
-            return [*self.log, (self._free_at - self._pending_s, self._free_at, 0, 0, "busy")]
+        """The busy intervals in booking order."""
         return list(self.log)
 
     def summary(self, elapsed_s: float) -> dict:
@@ -120,11 +85,11 @@ class Link:
 def serial(ready_s: float, work: list[tuple[Link, float, int]]) -> float:
     """Work items done strictly one after another by one host thread (each waits for the previous):
     (link, bytes, ops) in bulk; every link ends busy until the chain's end. Returns the end time."""
-    t = max([ready_s] + [link._free_at for link, _, _ in work])
+    t = max([ready_s] + [link.free_at for link, _, _ in work])
     for link, n_bytes, n_ops in work:
         t = link.charge(t, n_bytes, n_ops)
     for link, _, _ in work:
-        link._free_at = t
+        link.free_at = t
     return t
 
 

@@ -386,26 +386,30 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
     stage1 = primary + [(k, v[:1]) for k, v in secondary]
     cands = _expand(path, base, stage1, base_settings, workers, parsed, seen)
     best = _pick(cands, key, sign)
+    def around(anchor: dict, varied: list[tuple[str, list]]) -> list[Candidate]:
+        """Each varied knob alone, every other knob at the anchor's value."""
+        out = []
+        for k, values in varied:
+            fixed = [(kk, [anchor[kk]]) for kk in knobs if kk != k and anchor.get(kk) is not None]
+            out += _expand(path, base, [*fixed, (k, values)], base_settings, workers, parsed, seen)
+        return out
+
     # stage 2: each secondary knob alone, from the best of stage 1 (or the scenario's own settings)
-    anchor = best.settings if best is not None else {**base_settings, **{k: v[0] for k, v in secondary}}
-    for k, values in secondary:
-        fixed = [(kk, [anchor[kk]]) for kk in knobs if kk != k and anchor.get(kk) is not None]
-        cands += _expand(path, base, [*fixed, (k, values)], base_settings, workers, parsed, seen)
+    cands += around(best.settings if best is not None else {**base_settings, **{k: v[0] for k, v in secondary}},
+                    secondary)
     # stage 3: every knob's other values around the best (coordinate ascent until the best holds), so that
     # each choice is explained against candidates that differ from it in that knob only
     best = _pick(cands, key, sign)
     for _ in range(MAX_NEIGHBOURHOOD_ROUNDS):
         if best is None:
             break
-        for k, values in primary + secondary:
-            fixed = [(kk, [best.settings[kk]]) for kk in knobs if kk != k and best.settings.get(kk) is not None]
-            cands += _expand(path, base, [*fixed, (k, values)], base_settings, workers, parsed, seen)
+        cands += around(best.settings, primary + secondary)
         again = _pick(cands, key, sign)
         if again is best:
             break
         best = again
     plan = Plan(path, engine, key, sign, parsed, knobs, base_settings, cands)
-    plan.best = _pick(cands, key, sign)
+    plan.best = best
     if plan.best is None:
         ran = [c for c in cands if c.ran]
         plan.closest = sorted(ran, key=lambda c: (sum(x.shortfall(c.metrics) for x in parsed),

@@ -279,22 +279,23 @@ def _metrics(data: dict) -> tuple[str, ...]:
     return HEADLINE + REPLAY_METRICS if (data.get("engine") or {}).get("name") == "replay" else HEADLINE
 
 
+def _row(pid: str, overrides: dict, scenario_hash: str | None, data: dict, found: dict, error: str | None,
+         method: str | None, wall_s: float | None) -> dict:
+    """A point's row: its id and overrides, its metrics (null where `found` lacks one), error, method, time."""
+    return {"point_id": pid, **overrides, "scenario_hash": scenario_hash, **{k: found.get(k) for k in _metrics(data)},
+            "error": error, "method": method, "wall_s": wall_s}
+
+
 def run_point(scenario_path: str, data: dict, overrides: dict, pid: str, scenario_hash: str | None) -> dict:
     """Simulate one point (in a worker process): its result row, with `error` set if it failed."""
     from sim.engine.run import run_scenario
 
     start = time.perf_counter()
-    row: dict[str, Any] = {"point_id": pid, **overrides, "scenario_hash": scenario_hash}
     try:
-        summary = run_scenario(load_scenario_data(scenario_path, data)).summary
-        row.update({k: summary.get(k) for k in _metrics(data)})
-        row["error"] = None
+        summary, error = run_scenario(load_scenario_data(scenario_path, data)).summary, None
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the sweep goes on
-        row.update({k: None for k in _metrics(data)})
-        row["error"] = _one_line(exc)
-    row["method"] = "run"
-    row["wall_s"] = time.perf_counter() - start
-    return row
+        summary, error = {}, _one_line(exc)
+    return _row(pid, overrides, scenario_hash, data, summary, error, "run", time.perf_counter() - start)
 
 
 def run_mrc_points(scenario_path: str, points: list[tuple[dict, dict, str, str | None]]) -> list[dict]:
@@ -310,8 +311,7 @@ def run_mrc_points(scenario_path: str, points: list[tuple[dict, dict, str, str |
     except Exception as exc:  # noqa: BLE001 - every point of the group records the error run_point would
         figures, error = [{}] * len(points), _one_line(exc)
     wall_s = (time.perf_counter() - start) / len(points)
-    return [{"point_id": pid, **overrides, "scenario_hash": scenario_hash,
-             **{k: found.get(k) for k in _metrics(data)}, "error": error, "method": "mrc", "wall_s": wall_s}
+    return [_row(pid, overrides, scenario_hash, data, found, error, "mrc", wall_s)
             for (data, overrides, pid, scenario_hash), found in zip(points, figures)]
 
 
@@ -527,8 +527,7 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
     runnable = []
     for p in todo:
         if p.error is not None:  # the combination does not load: record it, nothing to run
-            record(p, {"point_id": p.point_id, **p.overrides, "scenario_hash": None,
-                       **{k: None for k in _metrics(p.data)}, "error": p.error, "method": None, "wall_s": 0.0})
+            record(p, _row(p.point_id, p.overrides, None, p.data, {}, p.error, None, 0.0))
         else:
             runnable.append(p)
     if not runnable:
@@ -540,9 +539,8 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
         try:
             rows = task.rows(future.result())
         except Exception as exc:  # noqa: BLE001 - a worker that died: its points record it
-            rows = [{"point_id": p.point_id, **p.overrides, "scenario_hash": p.scenario_hash,
-                     **{k: None for k in _metrics(p.data)}, "error": f"worker failed: {_one_line(exc)}",
-                     "method": task.method, "wall_s": None} for p in task.points]
+            rows = [_row(p.point_id, p.overrides, p.scenario_hash, p.data, {}, f"worker failed: {_one_line(exc)}",
+                         task.method, None) for p in task.points]
         for point, row in zip(task.points, rows):
             record(point, row)
     return result
