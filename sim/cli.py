@@ -7,11 +7,11 @@ line on stderr naming the file, field and value, and exit code 2.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
 
-import click
 import numpy as np
 import typer
 from rich.console import Console
@@ -19,13 +19,37 @@ from rich.table import Table
 
 from sim.errors import InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines.")
 trace_app = typer.Typer(no_args_is_help=True, help="Routing traces: import, generate, record, measure.")
 app.add_typer(trace_app, name="trace")
 
 out = Console(highlight=False, soft_wrap=True)
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
+
+
+class Interrupted(BaseException):
+    """Ctrl-C, raised by our SIGINT handler. Not a KeyboardInterrupt: click and typer turn that into exit 1
+    ("Aborted!") or a silent exit 130 depending on their version, and commands need to say what was saved."""
+
+
+def _interrupt(signum, frame):
+    raise Interrupted()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sim import __version__
+
+        typer.echo(f"expertsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")) -> None:
+    """Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines."""
 
 
 def _print_json(payload) -> None:
@@ -353,7 +377,7 @@ def calibrate(
     """Measure copy costs on this GPU (D2D, H2D pinned/mapped, D2H; per-call latency, sync) and fit the model."""
     from sim.calibrate import api
 
-    log = (lambda msg: click.echo(f"calibrate: {msg}", err=True))
+    log = (lambda msg: typer.echo(f"calibrate: {msg}", err=True))
     if replay is not None:
         report = api.replay(replay, calibration, max_steps=max_steps, seed=seed, output=output, log=log)
         if as_json:
@@ -465,7 +489,7 @@ def plan(
         if as_json:
             _print_json({**exc.plan.as_dict(), "error": str(exc)})
         else:
-            click.echo(f"expertsim: plan: {exc}", err=True)
+            typer.echo(f"expertsim: plan: {exc}", err=True)
         sys.exit(1)
     payload = result.as_dict()
     if as_json:
@@ -497,16 +521,17 @@ def report(
 
 
 def main() -> None:
+    """The console script. Usage errors go through click's own standalone handling (the usage line, one
+    message, exit 2), whichever copy of click typer carries; bad input is one line and exit 2; Ctrl-C is one
+    line and exit 130."""
+    previous = signal.signal(signal.SIGINT, _interrupt)
     try:
-        app(standalone_mode=False)
+        app(prog_name="expertsim")
     except InputError as exc:
-        click.echo(f"expertsim: error: {exc}", err=True)
+        typer.echo(f"expertsim: error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("expertsim: aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+    except Interrupted:
+        typer.echo("expertsim: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -117,3 +117,117 @@ def test_run_bad_scenario_is_one_line_error(tmp_path):
     bad.write_text('hardware = "rtx-4090"\nmodel = "no-such-model"\n')
     proc = expertsim("run", bad, check=False)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and str(bad) in proc.stderr
+
+
+# --- usage errors, as click/typer report them, whichever copy of click typer carries -----------------
+
+def _leaf_commands():
+    """Every subcommand (path, click command) of the installed CLI, walked from the app itself so that a new
+    command is covered the day it is added."""
+    import typer
+
+    from sim.cli import app
+
+    found = []
+
+    def visit(command, path):
+        children = getattr(command, "commands", None)
+        if children:
+            for name, child in sorted(children.items()):
+                visit(child, [*path, name])
+        else:
+            found.append((path, command))
+
+    visit(typer.main.get_command(app), [])
+    return found
+
+
+LEAVES = _leaf_commands()
+
+
+def _assert_usage_error(proc, needle):
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Usage: expertsim" in proc.stderr and needle in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("path", [p for p, _ in LEAVES], ids=" ".join)
+def test_unknown_option_is_a_usage_error(path):
+    _assert_usage_error(expertsim(*path, "--no-such-option", check=False), "No such option")
+
+
+@pytest.mark.parametrize("path", [p for p, c in LEAVES if any(q.required for q in c.params)], ids=" ".join)
+def test_missing_argument_is_a_usage_error(path):
+    _assert_usage_error(expertsim(*path, check=False), "Missing")
+
+
+def _typed_options():
+    """(command path, its first int or float option), read from the commands' own signatures: the click
+    parameter objects differ between typer releases, the annotations do not."""
+    import inspect
+    import typing
+
+    import typer
+
+    from sim.cli import app
+
+    cases = []
+
+    def visit(group, path):
+        for info in group.registered_commands:
+            hints = typing.get_type_hints(info.callback)
+            for name, parameter in inspect.signature(info.callback).parameters.items():
+                declared = getattr(parameter.default, "param_decls", None)
+                kind = hints.get(name)
+                if typing.get_origin(kind) is typing.Union:
+                    kind = next(a for a in typing.get_args(kind) if a is not type(None))
+                if isinstance(parameter.default, typer.models.OptionInfo) and kind in (int, float):
+                    flag = next((d for d in declared or () if d.startswith("--")), "--" + name.replace("_", "-"))
+                    cases.append(([*path, info.name or info.callback.__name__], flag))
+                    break
+        for sub in group.registered_groups:
+            visit(sub.typer_instance, [*path, sub.name])
+
+    visit(app, [])
+    return cases
+
+
+@pytest.mark.parametrize("path, option", _typed_options(), ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_wrong_type_is_a_usage_error(path, option):
+    _assert_usage_error(expertsim(*path, option, "abc", check=False), "Invalid value")
+
+
+def test_every_command_with_a_number_option_is_type_checked():
+    # the wrong-type test above must reach the commands that take numbers, or it checks nothing
+    assert {" ".join(p) for p, _ in _typed_options()} >= {"sweep", "bench", "trace gen", "calibrate", "plan"}
+
+
+@pytest.mark.parametrize("args", [[], ["trace"]], ids=["expertsim", "expertsim trace"])
+def test_a_group_without_a_command_shows_usage_and_exits_2(args):
+    proc = expertsim(*args, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
+    assert "Usage: expertsim" in proc.stdout + proc.stderr
+
+
+def test_version():
+    from sim import __version__
+
+    proc = expertsim("--version")
+    assert proc.stdout.strip() == f"expertsim {__version__}" and proc.stderr == ""
+
+
+def test_ctrl_c_exits_130_with_one_line():
+    import signal
+    import time
+
+    # a bench long enough to be interrupted; SIGINT is what a terminal's Ctrl-C sends to the process
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "bench", "--tokens", "20000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(4)  # past start-up: the interrupt lands inside the benchmark's Python-level loop
+    assert proc.poll() is None, "the benchmark ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines() == ["expertsim: interrupted"]

@@ -14,7 +14,7 @@ def readme_commands() -> list[str]:
 def test_readme_starts_with_exactly_two_commands():
     commands = readme_commands()
     assert commands[:2] == ["pip install -e . && expertsim demo",
-                            'pip install -e ".[test,record]" && python -m pytest -q']
+                            'pip install -e ".[test]" && python -m pytest -q']
     first_screen = (ROOT / "README.md").read_text().splitlines()[:24]
     assert sum(line.startswith("pip install") for line in first_screen) == 2
 

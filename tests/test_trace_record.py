@@ -15,8 +15,10 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="recording needs the 'record' extra (torch)")
-transformers = pytest.importorskip("transformers", reason="recording needs the 'record' extra (transformers)")
+from tests.conftest import require  # noqa: E402
+
+torch = require("torch", "recording needs the 'record' extra (torch)")
+transformers = require("transformers", "recording needs the 'record' extra (transformers)")
 
 from sim.errors import InputError  # noqa: E402
 from sim.trace import record as record_mod  # noqa: E402

@@ -44,8 +44,10 @@ REPO_SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 class Strict(BaseModel):
     """Base of every scenario/profile table: unknown keys and silent type coercions are errors."""
 
+    # protected_namespaces=(): a scenario key may start with "model_" (model_class); pydantic < 2.10 warns on
+    # such fields at import, which would break the one-line error promise on stderr.
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
-                              populate_by_name=False)
+                              populate_by_name=False, protected_namespaces=())
     # How an unknown key of this table is called in errors ("ds4 flag", "key", ...).
     KEY_KIND: ClassVar[str] = "key"
 
