@@ -30,213 +30,15 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, PlainValidator, PrivateAttr, create_model
+from pydantic import Field, PlainValidator, PrivateAttr
 
+from sim import engine as engines
 from sim.errors import InputError
-from sim.model.hardware import GIB, MIB, Compute, HardwareProfile, Strict, is_file, load_hardware_file, read_toml, \
-    resolve_hardware, safe_path, validate
+from sim.model.hardware import Compute, HardwareProfile, load_hardware_file, resolve_hardware
 from sim.model.layout import ModelLayout
+from sim.schema import Strict, is_file, read_toml, safe_path, validate
 
 SCHEMA = "expertsim.scenario/1"
-
-
-# ------------------------------------------------------------------------------------------- values
-
-
-def _env_text(value: object) -> object:
-    """Environment variables are strings; an integer is taken as its decimal text, anything else refused
-    (a float's text would not be what the user typed, and the engines parse the raw text)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, (float, bool)):
-        raise ValueError(f'write environment values as strings, e.g. "{value}"')
-    return value
-
-
-EnvValue = Annotated[str, BeforeValidator(_env_text)]
-
-
-def _kind(value: object) -> str:
-    names = {bool: "a boolean", float: "a float", dict: "a table", list: "an array"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
-def _check_cache_experts(value: object) -> str:
-    """`--ssd-streaming-cache-experts N|NGB`, kept as the text ds4 parses (an integer is taken as N)."""
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    number = text[:-2] if isinstance(text, str) and text.endswith("GB") else text
-    if not isinstance(number, str) or not _digits(number):
-        raise ValueError('must be N (experts) or "NGB" (GiB of experts), N a whole number')
-    return text
-
-
-def _count_or_keyword(value: object, expected: str, is_keyword) -> str | int:
-    """A positive whole number (int or digits) or one of an engine's keywords, else a ValueError."""
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f"must be {expected}, not {_kind(value)}")
-    if isinstance(value, str) and _digits(value):
-        value = int(value)
-    if isinstance(value, int):
-        if value < 1:
-            raise ValueError("must be >= 1")
-        return value
-    if is_keyword(value):
-        return value
-    raise ValueError(f"must be {expected}")
-
-
-def _check_expert_cache(value: object) -> str | int:
-    return _count_or_keyword(value, '"auto" or a number of experts', lambda v: v == "auto")
-
-
-def _check_prefill(value: object) -> str | int:
-    return _count_or_keyword(value, '"auto", "auto:N" or a chunk size in tokens',
-                             lambda v: v == "auto" or (v.startswith("auto:") and _digits(v[5:]) and int(v[5:]) >= 1))
-
-
-def _env_model(name: str, kind: str, names: tuple[str, ...]) -> type[Strict]:
-    model = create_model(name, __base__=Strict, **{n: (EnvValue | None, None) for n in names})
-    model.KEY_KIND = kind
-    return model
-
-
-# ---------------------------------------------------------------------------------------------- ds4
-
-# Knobs that exist only in some variants: setting one on another variant is a mistake, not a no-op.
-DS4_VARIANTS = ("pre-504", "pr504", "pr1082", "neutronstar-glm-slab", "neutronstar-glm")
-# Variants that run the in-file MTP draft layer (--mtp) together with --ssd-streaming; upstream ds4 refuses
-# the pair (ds4.c L25685 @80ebbc3).
-DS4_MTP_STREAMING_VARIANTS = ("neutronstar-glm-slab", "neutronstar-glm")
-DS4_ONLY_IN: dict[str, tuple[str, ...]] = {
-    "expert-profile": ("pr1082",),  # CUDA --expert-profile came with #1031 (ds4-engine.md §1.14)
-    "DS4_EXPERT_PROFILE": ("pr1082",),
-    "DS4_EXPERT_HOTLIST": ("pr1082",),
-    "DS4_CUDA_HITS_FIRST": ("pr1082",),  # #1082
-    "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL": ("pr1082",),
-}
-DS4_ENV_NAMES = (
-    # ds4-engine.md §4, CUDA streaming @80ebbc3
-    "DS4_CUDA_STREAMING_EXPERT_CACHE_N", "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB",
-    "DS4_CUDA_STREAMING_EXPERT_CACHE_VERBOSE", "DS4_CUDA_STREAMING_EXPERT_CACHE_PROFILE",
-    "DS4_CUDA_ENABLE_STREAMING_EXPERT_HOTLIST", "DS4_CUDA_STREAMING_EXPERT_HOTLIST",
-    "DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP", "DS4_CUDA_DISABLE_STREAMING_PREFILL_BATCH_SELECTED_LOAD",
-    "DS4_CUDA_STREAMING_PREFILL_BATCH_SELECTED_PROFILE", "DS4_CUDA_NO_DIRECT_IO", "DS4_CUDA_KEEP_MODEL_PAGES",
-    "DS4_CUDA_MODEL_COPY_CHUNK_MB", "DS4_CUDA_WEIGHT_CACHE_VERBOSE",
-    # the shared graph layer (named METAL, also read on CUDA)
-    "DS4_METAL_STREAMING_DECODE_PREFILL_MAX", "DS4_METAL_DISABLE_STREAMING_DECODE_PREFILL",
-    "DS4_METAL_DISABLE_STREAMING_COLD_DECODE_PREFILL", "DS4_METAL_PREFILL_CHUNK", "DS4_METAL_RESUME_PREFILL_MIN",
-    "DS4_METAL_DISABLE_STREAMING_EXPERT_HOTLIST", "DS4_METAL_STREAMING_EXPERT_HOTLIST",
-    "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP",
-    # later variants
-    "DS4_EXPERT_PROFILE", "DS4_EXPERT_HOTLIST", "DS4_CUDA_HITS_FIRST", "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL",
-)
-Ds4Env = _env_model("Ds4Env", "ds4 environment variable", DS4_ENV_NAMES)
-# Knobs whose effect the ds4 model does not simulate: a scenario that sets one is refused rather than run
-# as if it were absent. The VERBOSE/PROFILE variables only print, so they are accepted.
-DS4_NOT_MODELLED = {
-    "DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP": "the decode path without the selected/shared overlap",
-    "DS4_CUDA_DISABLE_STREAMING_PREFILL_BATCH_SELECTED_LOAD": "prefill without batched selected loads",
-    "DS4_METAL_DISABLE_STREAMING_COLD_DECODE_PREFILL": "the cold decode-style prefill switch",
-    "DS4_METAL_RESUME_PREFILL_MIN": "server resumes from a KV checkpoint",
-}
-DS4_COPY_CHUNK_MIB_RANGE = (16, 4096)  # DS4_CUDA_MODEL_COPY_CHUNK_MB clamp (ds4-engine.md §1.2, L218-222)
-
-
-class Ds4Flags(Strict):
-    """ds4 CLI flags (ds4_help.c @80ebbc3, ds4-engine.md §4). None = the engine's default."""
-
-    KEY_KIND: ClassVar[str] = "ds4 flag"
-    ssd_streaming: bool = Field(True, alias="ssd-streaming")
-    # N experts, or "NGB": N GiB of experts of the first routed layer. Default: 512 on CUDA.
-    ssd_streaming_cache_experts: Annotated[str, PlainValidator(_check_cache_experts)] | None = \
-        Field(None, alias="ssd-streaming-cache-experts")
-    ssd_streaming_cold: bool = Field(False, alias="ssd-streaming-cold")
-    ssd_streaming_preload_experts: Annotated[int, Field(ge=0)] | None = \
-        Field(None, alias="ssd-streaming-preload-experts")  # default: auto, capped at 4096
-    # Default: the whole prompt if <= 4096 tokens, else 4096 (8192 for PRO).
-    prefill_chunk: Annotated[int, Field(ge=1)] | None = Field(None, alias="prefill-chunk")
-    ctx: Annotated[int, Field(ge=1)] | None = None
-    # The MTP draft model. Upstream refuses it together with --ssd-streaming (ds4.c L25685 @80ebbc3); the
-    # neutronstar GLM stack binds the draft layer (GLM-5.2's blk.78) from the main GGUF: pass its path.
-    mtp: str | None = None
-    expert_profile: str | None = Field(None, alias="expert-profile")
-
-
-class Ds4Engine(Strict):
-    KEY_KIND: ClassVar[str] = "ds4 engine key"
-    name: Literal["ds4"]
-    # pre-504: one slab keyed on the last expert size, release_all before every prefill batch (@80ebbc3).
-    # pr504: per-size-class caches, prefill reads the cache and appends without evicting (PR #504).
-    # pr1082: pr504 plus hits-first and the pread pool (#1082; DS4_CUDA_HITS_FIRST, ..._PREAD_POOL).
-    # neutronstar-glm: giannisanni/neutronstar @db823235fd15a4287916377e1f108a7319160c40 (2026-07-06), PR
-    #   #504 ported onto the fork's GLM CUDA stack: per-size-class caches (the Q2_K MTP draft layer blk.78
-    #   "can be cached alongside the IQ2_XXS layers"), prefill reads the cache; the MTP draft layer runs
-    #   with --ssd-streaming (--mtp, the main GGUF's path). Its other extras (io_uring fetch, host LFU
-    #   cache, backfill, prefetch) are not modelled: misses use upstream's QD1 streamed copy.
-    # neutronstar-glm-slab: a what-if twin of neutronstar-glm with upstream's pre-504 slab (one cache keyed
-    #   on the last expert size, release_all before prefill batches) under the same MTP draft steps: what
-    #   ds4 #595 reports, "1/76 routed layers off the slab size class". Not the fork's pre-port code, which
-    #   sent blk.78 around the cache ("falling back to model views", db823235's commit message).
-    variant: Literal["pre-504", "pr504", "pr1082", "neutronstar-glm-slab", "neutronstar-glm"]
-    flags: Ds4Flags = Field(default_factory=Ds4Flags)
-    env: Ds4Env = Field(default_factory=Ds4Env)
-
-
-# ------------------------------------------------------------------------------------------- Strata
-
-STRATA_ONLY_IN: dict[str, tuple[str, ...]] = {
-    "STRATA_PREFILL_OWN_AUTO": ("fork-658",),  # spideytznn/Strata: independent prefill buffers (#658)
-}
-STRATA_ENV_NAMES = (
-    "STRATA_PREFILL_OWN_AUTO",  # fork-658: "0" turns the independent-buffer choice off (default on)
-    "STRATA_RESIDENT_HEADROOM_GIB",  # RAM headroom of the resident modes (default 4 GiB, 8 otherwise)
-    "STRATA_PREFILL_RING", "STRATA_PREFILL_LEND_PCT", "STRATA_STAGER_THREADS", "STRATA_ARENA_PIN_GIB",
-)
-StrataEnv = _env_model("StrataEnv", "strata environment variable", STRATA_ENV_NAMES)
-
-
-class StrataFlags(Strict):
-    """Strata CLI flags (src/program/generate.cpp, strata-engine.md §3). Defaults are the engine's."""
-
-    KEY_KIND: ClassVar[str] = "strata flag"
-    # "auto", or N: a byte budget of N x the largest expert blob, filled with sized slots (§2.3).
-    expert_cache: Annotated[str | int, PlainValidator(_check_expert_cache)] = Field("auto", alias="expert-cache")
-    vram_reserve_mib: Annotated[int, Field(ge=0)] = Field(700, alias="vram-reserve-mib")
-    prefill: Annotated[str | int, PlainValidator(_check_prefill)] = "auto"  # "auto" | "auto:N" | C
-    no_prefill_borrow: bool = Field(False, alias="no-prefill-borrow")
-    # A profile ranking (layer, expert) pairs; "@trace" ranks them by the scenario trace's own counts.
-    expert_profile: Annotated[str, Field(min_length=1)] | None = Field(None, alias="expert-profile")
-    # RAM mode: arena (default), resident-experts, or resident-budget-gib G (§3.5).
-    resident_experts: bool = Field(False, alias="resident-experts")
-    resident_budget_gib: Annotated[float, Field(gt=0)] | None = Field(None, alias="resident-budget-gib")
-    conversation_cache_mib: Annotated[int, Field(ge=0)] = Field(0, alias="conversation-cache-mib")  # 0 = off
-    conversation_cache_slots: Annotated[int, Field(ge=1)] = Field(4, alias="conversation-cache-slots")
-    conversation_cache_min_free_mib: Annotated[int, Field(ge=0)] = Field(2560, alias="conversation-cache-min-free-mib")
-    prompt_cache: Annotated[int, Field(ge=0)] = Field(6, alias="prompt-cache")  # in-session checkpoints
-    prompt_cache_every: Annotated[int, Field(ge=1)] = Field(16384, alias="prompt-cache-every")
-    adapt_every: Annotated[int, Field(ge=1)] = Field(4, alias="adapt-every")
-    adapt_swaps: Annotated[int, Field(ge=0)] = Field(96, alias="adapt-swaps")
-    short_read: Annotated[int, Field(ge=0)] = Field(64, alias="short-read")
-
-    @property
-    def ram_mode(self) -> str:
-        if self.resident_budget_gib is not None:
-            return "resident-budget"
-        return "resident-experts" if self.resident_experts else "arena"
-
-
-class StrataEngine(Strict):
-    KEY_KIND: ClassVar[str] = "strata engine key"
-    name: Literal["strata"]
-    # v0.1.35: upstream Niko1221/Strata d9ab8435. fork-658: spideytznn/Strata on v0.1.35 (independent
-    # prefill buffers when spare VRAM allows; conversation budget added to the resident RAM headroom).
-    variant: Literal["v0.1.35", "fork-658"]
-    flags: StrataFlags = Field(default_factory=StrataFlags)
-    env: StrataEnv = Field(default_factory=StrataEnv)
 
 
 # ------------------------------------------------------------------------------------------- replay
@@ -293,6 +95,9 @@ class Request(Strict):
 
 class Workload(Strict):
     requests: list[Request] = Field(min_length=1)
+    # The page cache when the run starts: "warm", the model files were read before (a previous run, the
+    # model load) and it holds what fits of them; "cold", it holds nothing of them.
+    page_cache: Literal["warm", "cold"] = Field("warm", alias="page-cache")
 
 
 class TraceSource(Strict):
@@ -308,7 +113,8 @@ class Scenario(Strict):
     model: Annotated[str, Field(min_length=1)]
     # The key of the hardware profile's [compute] table to use; default: the one the model name starts with.
     model_class: Annotated[str, Field(min_length=1)] | None = None
-    engine: Annotated[Ds4Engine | StrataEngine | ReplayEngine, Field(discriminator="name")]
+    engine: Annotated[engines.rules("ds4").Settings | engines.rules("strata").Settings | ReplayEngine,
+                      Field(discriminator="name")]
     trace: TraceSource
     workload: Workload
 
@@ -395,102 +201,6 @@ def _resolve_compute(s: Scenario, profile: HardwareProfile, layout: ModelLayout,
         raise InputError(where, "model", s.model, f"hardware profile {profile.name} has no compute figures for "
                                                   f"model {layout.name!r}; set model_class to one of: {keys}")
     return key
-
-
-def _variant_gate(where: str, section: str, names: set[str], only_in: dict[str, tuple[str, ...]], engine) -> None:
-    for name in sorted(names):
-        allowed = only_in.get(name)
-        if allowed is not None and engine.variant not in allowed:
-            raise InputError(where, f"engine.{section}.{name}", _written(engine, section, name),
-                             f"read only by variant {' or '.join(allowed)}; this scenario's variant is "
-                             f"{engine.variant}")
-
-
-def _written(engine, section: str, key: str) -> Any:
-    return getattr(engine, section).model_dump(by_alias=True).get(key)
-
-
-def _routed_experts(layout: ModelLayout) -> int:
-    return layout.n_routed_layers * layout.n_experts
-
-
-def _check_ds4(s: Scenario, profile: HardwareProfile, layout: ModelLayout, where: str) -> None:
-    engine: Ds4Engine = s.engine
-    flags, env = engine.flags, engine.env
-    _variant_gate(where, "flags", {Ds4Flags.model_fields[n].alias or n for n in flags.model_fields_set},
-                  DS4_ONLY_IN, engine)
-    _variant_gate(where, "env", set(env.model_fields_set), DS4_ONLY_IN, engine)
-    for name in sorted(set(env.model_fields_set) & set(DS4_NOT_MODELLED)):
-        raise InputError(where, f"engine.env.{name}", getattr(env, name),
-                         f"not modelled: {DS4_NOT_MODELLED[name]}; remove it to simulate the default path")
-    chunk_mib = env.DS4_CUDA_MODEL_COPY_CHUNK_MB
-    if chunk_mib is not None:
-        if not _digits(chunk_mib):
-            raise InputError(where, "engine.env.DS4_CUDA_MODEL_COPY_CHUNK_MB", chunk_mib, "must be a whole MiB count")
-        low, high = DS4_COPY_CHUNK_MIB_RANGE
-        largest_part = max(max(x.gate_bytes, x.up_bytes, x.down_bytes) for x in layout.layers)
-        if min(max(int(chunk_mib), low), high) * MIB < largest_part:
-            raise InputError(where, "engine.env.DS4_CUDA_MODEL_COPY_CHUNK_MB", chunk_mib,
-                             f"not modelled: expert parts of up to {largest_part / MIB:.2f} MiB would span several "
-                             "copy chunks; the model copies each part as one chunk")
-    if not flags.ssd_streaming:
-        raise InputError(where, "engine.flags.ssd-streaming", False,
-                         "the simulator models ds4 with --ssd-streaming only (the expert cache exists only then)")
-    if flags.mtp is not None and engine.variant not in DS4_MTP_STREAMING_VARIANTS:
-        raise InputError(where, "engine.flags.mtp", flags.mtp,
-                         "ds4 rejects --mtp together with --ssd-streaming (ds4.c L25685 @80ebbc3)")
-    if flags.mtp is not None and layout.n_mtp_layers == 0:
-        raise InputError(where, "engine.flags.mtp", flags.mtp,
-                         f"model {layout.name} has no MTP layer in its file; variant {engine.variant} runs the "
-                         "draft layer bound from the main GGUF (a separate MTP GGUF is not modelled)")
-    total = _routed_experts(layout)
-    text = flags.ssd_streaming_cache_experts
-    if text is not None:
-        gib = text.endswith("GB")
-        amount = int(text[:-2] if gib else text)
-        # NGB counts experts of the first routed layer (ds4.c L25638-25672, ds4-engine.md §1.3)
-        experts = amount * GIB // layout.layers[0].expert_bytes if gib else amount
-        if experts < 1:
-            raise InputError(where, "engine.flags.ssd-streaming-cache-experts", text, "must give at least one expert")
-        if experts > total:
-            raise InputError(where, "engine.flags.ssd-streaming-cache-experts", text,
-                             f"{experts} experts is more than the model's {total} routed experts")
-    cache_n = env.DS4_CUDA_STREAMING_EXPERT_CACHE_N
-    if cache_n is not None and _digits(cache_n) and int(cache_n) > total:
-        raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_N", cache_n,
-                         f"more than the model's {total} routed experts")
-    reserve = env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB
-    # ds4 reads an integer GiB only (anything else keeps the 16 GiB default) and clamps it to VRAM / 2:
-    # both are the engine's to reproduce. A reserve of the whole VRAM or more is no setting anyone runs.
-    if reserve is not None and _digits(reserve) and int(reserve) * GIB >= profile.vram_bytes:
-        raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", reserve,
-                         f"a reserve >= the GPU's VRAM ({profile.gpu.vram_gib.value:g} GiB on {profile.name})")
-
-
-# Strata's kernels are built for one geometry (compile-time constants checked against the model,
-# strata-engine.md §2.1, §4.1): Qwen3.8-Flash-Next, 512 experts (256 in the Coder prune), top-10, n_embd 2560.
-STRATA_GEOMETRY = {"hidden": (2560,), "top_k": (10,), "n_experts": (512, 256)}
-
-
-def _check_strata(s: Scenario, profile: HardwareProfile, layout: ModelLayout, where: str) -> None:
-    engine: StrataEngine = s.engine
-    flags, env = engine.flags, engine.env
-    _variant_gate(where, "env", set(env.model_fields_set), STRATA_ONLY_IN, engine)
-    for field, allowed in STRATA_GEOMETRY.items():
-        if getattr(layout, field) not in allowed:
-            raise InputError(where, "model", s.model,
-                             f"Strata runs only Qwen3.8-Flash-Next geometry ({field} {' or '.join(map(str, allowed))}"
-                             f"); {layout.name} has {field} {getattr(layout, field)}")
-    if flags.resident_experts and flags.resident_budget_gib is not None:
-        raise InputError(where, "engine.flags.resident-budget-gib", flags.resident_budget_gib,
-                         "choose one RAM mode: resident-experts or resident-budget-gib")
-    total = _routed_experts(layout)
-    if isinstance(flags.expert_cache, int) and flags.expert_cache > total:
-        raise InputError(where, "engine.flags.expert-cache", flags.expert_cache,
-                         f"more than the model's {total} routed experts")
-    if flags.vram_reserve_mib * MIB >= profile.vram_bytes:
-        raise InputError(where, "engine.flags.vram-reserve-mib", flags.vram_reserve_mib,
-                         f"a reserve >= the GPU's VRAM ({profile.vram_bytes // MIB} MiB on {profile.name})")
 
 
 def _check_replay(s: Scenario, layout: ModelLayout, base: Path, where: str) -> None:
@@ -592,16 +302,20 @@ def load_scenario(path: str | Path, data: dict | None = None) -> Scenario:
     replay = isinstance(scenario.engine, ReplayEngine)
     # a cache-only replay has no timing, so it needs no compute figures for the model
     compute_key = None if replay else _resolve_compute(scenario, profile, layout, where)
-    if replay:
-        _check_replay(scenario, layout, base, where)
-    else:
-        (_check_ds4 if scenario.engine.name == "ds4" else _check_strata)(scenario, profile, layout, where)
-    trace_path, trace_sha = _check_trace(scenario, layout, base, where)
-    _check_workload(scenario, where)
     scenario._path = file.resolve()
     scenario._hardware_profile = profile
     scenario._layout = layout
     scenario._compute_key = compute_key
+    if replay:
+        _check_replay(scenario, layout, base, where)
+    else:
+        engines.rules(scenario.engine.name).validate(scenario, where)
+        if profile.calibration_path is not None:  # the GPU calibration file, checked whole before a run reads it
+            from sim.calibrate.fileformat import load as load_calibration
+
+            load_calibration(profile.calibration_path, f"{profile.path or profile.name}: calibration")
+    trace_path, trace_sha = _check_trace(scenario, layout, base, where)
+    _check_workload(scenario, where)
     scenario._trace_path = trace_path
     scenario._trace_sha256 = trace_sha
     return scenario
@@ -636,6 +350,5 @@ def scenario_hash(scenario: Scenario) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-__all__ = ["Ds4Engine", "Ds4Flags", "ReplayEngine", "ReplayFlags", "Request", "Scenario", "StrataEngine",
-           "StrataFlags", "TraceSource", "Workload",
-           "canonical", "load_scenario", "scenario_hash"]
+__all__ = ["ReplayEngine", "ReplayFlags", "Request", "Scenario", "TraceSource", "Workload", "canonical",
+           "load_scenario", "scenario_hash"]

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from sim.errors import InputError
-from sim.model.hardware import GIB, HardwareProfile, Quantity, load_hardware
+from sim.model.hardware import HardwareProfile, load_hardware
+from sim.schema import Quantity
+from sim.units import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE = ROOT / "scenarios" / "hardware"
@@ -66,7 +68,8 @@ def test_validated_quantities_match_their_units_and_compute_is_derived(path):
     for key, q in quantities.items():
         assert isinstance(q, Quantity) and TAG.match(q.source)
         leaf = key.split(".")[-1].split("[")[0]
-        suffix = {"gbps": "GB/s", "us": "us", "gib": "GiB", "kib": "KiB", "layer": "us"}
+        suffix = {"gbps": "GB/s", "us": "us", "gib": "GiB", "mib": "MiB", "kib": "KiB", "layer": "us",
+                  "threads": "threads"}
         if leaf.endswith("per_gib"):
             assert q.unit == "us/GiB", key
         elif leaf != "read_gbps_by_queue_depth":
@@ -141,7 +144,7 @@ def _error(tmp_path, text, name="bad.toml") -> str:
      "gpu.vram_gib.derivation", "needs a derivation"),
     (VRAM, 'vram_gib = { value = 24, unit = "GiB", source = "[S] 24 GB", note = "x" }', "gpu.vram_gib.note",
      "unknown key"),
-    ('os = "linux"', 'os = "macos"', "os = macos", "'linux' or 'windows'"),
+    ('os = "linux"', 'os = "bsd"', "os = bsd", "'linux', 'windows' or 'macos'"),
     ("[d2d]", '[d2d]\nfoo_gbps = { value = 1, unit = "GB/s", source = "[E] a guess" }', "d2d.foo_gbps",
      "unknown key; known: copy_gbps"),
     ("{ queue_depth = 4,", "{ queue_depth = 1,", "ssd.read_gbps_by_queue_depth", "strictly increase"),

@@ -120,7 +120,7 @@ def test_perfetto_apportioned_without_links(run_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = pd.read_parquet(run_dir / "steps.parquet")
     per_lane = _check_lanes(perfetto_trace(steps, summary)["traceEvents"], summary, steps)
-    assert per_lane["PCIe H2D"][1] == int((steps["h2d_bytes"] > 0).sum())  # one event per step that copies
+    assert per_lane["H2D copy engine (PCIe)"][1] == int((steps["h2d_bytes"] > 0).sum())  # one event per step that copies
 
 
 def _check_lanes(events: list[dict], summary: dict, steps: pd.DataFrame) -> dict[str, tuple[float, int]]:

@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.errors import InputError
-from sim.scenario import Ds4Engine, StrataEngine, load_scenario, scenario_hash
+from sim.engine.ds4_plan import Settings as Ds4Engine
+from sim.engine.strata_plan import Settings as StrataEngine
+from sim.scenario import load_scenario, scenario_hash
 from sim.trace.format import Trace, TraceHeader, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +191,7 @@ STRATA = (ROOT / "scenarios" / "strata-658-own.toml").read_text()
     (STRATA, "expert-cache = 5400", "expert-cache = 30000",
      "engine.flags.expert-cache = 30000: more than the model's 24576"),
     (DS4, 'name = "ds4"', 'name = "vllm"', "engine.name = vllm: must be one of 'ds4', 'strata'"),
-    (DS4, 'variant = "pr504"', 'variant = "pr-504"', "engine.variant = pr-504: must be 'pre-504', 'pr504', 'pr1082', 'neutronstar-glm-slab' or 'neutronstar-glm'"),
+    (DS4, 'variant = "pr504"', 'variant = "pr-504"', "engine.variant = pr-504: must be 'pre-504', 'pr504', 'pr605', 'pr1031', 'pr1082', 'neutronstar-glm-slab' or 'neutronstar-glm'"),
     (DS4, 'DS4_CUDA_NO_DIRECT_IO = "1"', 'DS4_CUDA_NO_DIRECT_IO = "1"\nDS4_CUDA_HITS_FIRST = "0"',
      "engine.env.DS4_CUDA_HITS_FIRST = 0: read only by variant pr1082; this scenario's variant is pr504"),
     (DS4, "ssd-streaming = true", 'ssd-streaming = true\nmtp = "mtp.gguf"',

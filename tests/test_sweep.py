@@ -106,13 +106,15 @@ def test_resume_recomputes_only_the_missing_point(four, tmp_path):
 
 
 def test_failing_point_records_its_error_and_the_others_complete(tmp_path):
-    points = expand_grid(SLAB, [f"{CACHE}=2048", "engine.variant=pr504,pr1082"])
+    # at --ctx 1,000,000 ds4's KV cache and context buffers fit the 96 GB card but not the 16 GB one: that point
+    # fails when its engine starts, the other runs
+    points = expand_grid(SLAB, [f"{CACHE}=2048", "engine.flags.ctx=1000000", "hardware=rtx-pro-6000-96gb,rtx-4060ti-16gb"])
     result = run_sweep(points, tmp_path / "fail", workers=2)
-    frame = load_sweep(tmp_path / "fail").set_index("engine.variant")
+    frame = load_sweep(tmp_path / "fail").set_index("hardware")
     assert len(result.failed) == 1 and len(result.computed) == 2
-    error = frame.loc["pr1082", "error"]
-    assert "engine.variant = pr1082" in error and "\n" not in error
-    assert frame.loc["pr504", "decode_tok_s"] > 0 and pd.isna(frame.loc["pr504", "error"])
+    error = frame.loc["rtx-4060ti-16gb", "error"]
+    assert "before its expert cache" in error and "\n" not in error
+    assert frame.loc["rtx-pro-6000-96gb", "decode_tok_s"] > 0 and pd.isna(frame.loc["rtx-pro-6000-96gb", "error"])
 
 
 def test_results_of_another_scenario_are_refused(four):

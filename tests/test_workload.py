@@ -12,7 +12,7 @@ from sim.engine import workload
 from sim.engine.run import run_scenario
 from sim.engine.workload import clear_routing_memo, memo_stats, routing_key, workload_routing
 from sim.explore.sweep import load_scenario_data
-from sim.model.hardware import read_toml
+from sim.schema import read_toml
 from sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -385,3 +385,72 @@ def opt_replay(experts, phase, pool_of_layer, n_experts, capacity, nxt, bypass, 
                 prio[key] = nu
                 _sift_down(heap, pool, 0, size[pool], pos, prio)
                 counts[layer, ph, EVICT] += 1
+
+
+# --- byte-capacity LRU (the OS page cache of the model files) --------------------------------------
+# One circular doubly linked list over the key ids with a sentinel node (n_keys): keys have sizes in
+# bytes and the list holds at most `capacity` bytes. The page cache evicts file pages, not experts, but
+# the engines read an expert's bytes together, so an expert's file extent is the unit here.
+
+@njit(cache=True)
+def byte_lru_access(keys, sizes, insert, prev, nxt, resident, state, hit_out):
+    """For each key in order: a hit moves it to the most recent end; a miss is inserted when `insert`
+    (evicting least recent keys until it fits; a key larger than the capacity is not kept). Writes
+    hit_out[i]. state = [used_bytes, capacity_bytes]."""
+    head = prev.shape[0] - 1
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        if resident[key]:
+            hit_out[i] = True
+            # unlink and relink after the sentinel (most recent)
+            p = prev[key]
+            n = nxt[key]
+            nxt[p] = n
+            prev[n] = p
+        else:
+            hit_out[i] = False
+            if not insert or sizes[key] > state[1]:
+                continue
+            while state[0] + sizes[key] > state[1]:
+                victim = prev[head]
+                p = prev[victim]
+                nxt[p] = head
+                prev[head] = p
+                resident[victim] = False
+                state[0] -= sizes[victim]
+            resident[key] = True
+            state[0] += sizes[key]
+        first = nxt[head]
+        nxt[head] = key
+        prev[key] = head
+        nxt[key] = first
+        prev[first] = key
+
+
+@njit(cache=True)
+def byte_lru_shrink(prev, nxt, resident, sizes, state):
+    """Evict least recent keys until used <= capacity (after the capacity was lowered)."""
+    head = prev.shape[0] - 1
+    while state[0] > state[1]:
+        victim = prev[head]
+        if victim == head:
+            break
+        p = prev[victim]
+        nxt[p] = head
+        prev[head] = p
+        resident[victim] = False
+        state[0] -= sizes[victim]
+
+
+@njit(cache=True)
+def byte_lru_drop(keys, prev, nxt, resident, sizes, state):
+    """Drop the given keys (posix_fadvise DONTNEED after a read)."""
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        if resident[key]:
+            p = prev[key]
+            n = nxt[key]
+            nxt[p] = n
+            prev[n] = p
+            resident[key] = False
+            state[0] -= sizes[key]

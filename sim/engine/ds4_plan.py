@@ -31,14 +31,16 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, PlainValidator
 
 from sim.errors import InputError
+from sim.schema import Strict, digits, env_table, written
+from sim.units import GIB, MIB
 
 # fmt: off
-MIB_BYTES = 1 << 20
-GIB_BYTES = 1 << 30
 DS4_CUDA_STREAM_EXPERT_DEFAULT_EXPERTS = 512       # ds4_cuda.cu L38: budget when none is given (§1.2)
 DS4_CUDA_STREAM_EXPERT_MAX_EXPERTS = 61 * 384      # ds4_cuda.cu L39: 23424, the Pro model's expert count (§1.2)
 DEFAULT_VRAM_RESERVE_GIB = 16                      # live_budget L1510-1579: reserve default (§1.3)
@@ -83,7 +85,7 @@ def parse_cache_experts_arg(text: str, first_routed_layer_expert_bytes: int) -> 
     if match is None:
         raise InputError(where, "value", text, "must be N (experts) or NGB (GiB of experts), N a whole number")
     amount = int(match.group(1))
-    experts = amount * GIB_BYTES // first_routed_layer_expert_bytes if match.group(2) else amount
+    experts = amount * GIB // first_routed_layer_expert_bytes if match.group(2) else amount
     if experts < 1:
         raise InputError(where, "value", text, "must give at least one expert")
     return experts
@@ -107,21 +109,21 @@ def vram_reserve_bytes(env_reserve_gib: str | None, total_vram_bytes: int) -> in
     reserve_gib = DEFAULT_VRAM_RESERVE_GIB
     if env_reserve_gib is not None and env_reserve_gib.isascii() and env_reserve_gib.isdigit():
         reserve_gib = int(env_reserve_gib)
-    return min(reserve_gib * GIB_BYTES, int(total_vram_bytes * VRAM_RESERVE_MAX_FRACTION_OF_TOTAL))
+    return min(reserve_gib * GIB, int(total_vram_bytes * VRAM_RESERVE_MAX_FRACTION_OF_TOTAL))
 
 
 # ------------------------------------------------------------------------------------------ live budget
 
 
 def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / GIB_BYTES:.2f}"
+    return f"{n_bytes / GIB:.2f}"
 
 
 def capped_notice(requested_experts: int, capacity_experts: int, available_bytes: int, reserve_bytes: int,
                   expert_size_bytes: int) -> str:
     return (f"CUDA streaming expert cache capped from {requested_experts} to {capacity_experts} experts "
             f"(available {_gib(available_bytes)} GiB, reserve {_gib(reserve_bytes)} GiB, "
-            f"{expert_size_bytes / MIB_BYTES:.2f} MiB/expert)")
+            f"{expert_size_bytes / MIB:.2f} MiB/expert)")
 
 
 def disabled_notice(available_bytes: int, reserve_bytes: int) -> str:
@@ -416,3 +418,466 @@ def hotlist_seed_plan(ranking_keys: np.ndarray, n_experts: int, seeded_layers: S
     keys = keys[np.isin(keys // n_experts, np.asarray(list(seeded_layers), np.int64))][:preload_experts]
     layers = keys // n_experts
     return [(int(layer), (keys[layers == layer] % n_experts).astype(np.uint16)) for layer in np.unique(layers)]
+
+
+# ------------------------------------------------------------------------------------------ knobs
+#
+# The scenario's [engine] table for ds4: the engine's own flag and environment names (ds4-engine.md §4), its
+# variants, and the refusals of settings the model does not simulate. Values the real engine accepts and
+# then reads its own way are kept raw (a reserve of "0.5" keeps the 16 GiB default, as ds4 does).
+
+@dataclass(frozen=True)
+class Variant:
+    """What a ds4 build does differently (ds4-engine.md §1.13-§1.14)."""
+
+    name: str
+    per_class: bool  # caches per (gate, down) size class (#504); else one slab keyed on the last size
+    prefill_reads_cache: bool  # prefill hits copy from the cache and misses append (#504); else release_all
+    hit_copy: str  # "memcpy": 3 synchronous D2D copies per expert into compact staging; "gather": one
+    #               kernel per layer through a device table (#605); "none": kernels read the slots (#1031)
+    pread_pool: bool  # #1082: hits first + 8 pread workers with their own staging and stream
+    mtp_streaming: bool  # runs the in-file MTP draft layer together with --ssd-streaming
+    source: str
+
+
+VARIANTS = {v.name: v for v in (
+    Variant("pre-504", False, False, "memcpy", False, False, "antirez/ds4 @80ebbc3 (ds4-engine.md §1.2-§1.10)"),
+    Variant("pr504", True, True, "memcpy", False, False, "PR #504 (seed; ds4-engine.md §1.13)"),
+    Variant("pr605", True, True, "gather", False, False,
+            "PR #605 commit 1 (restored per-class cache, cache-reading prefill) and its device gather-slots table "
+            "(ds4-engine.md §1.14); the PR's other two commits are not in the notes and not modelled"),
+    Variant("pr1031", True, True, "none", False, False,
+            "PR #1031: bounded LRU in contiguous slabs, kernels read remapped slots (no D2D copy), IQ2 prefill "
+            "through the compact selected table (ds4-engine.md §1.14)"),
+    Variant("pr1082", True, True, "none", True, False,
+            "PR #1082 on #1031: hits first, an 8-worker pread pool, gate and up of every miss before the downs "
+            "(ds4-engine.md §1.14)"),
+    Variant("neutronstar-glm-slab", False, False, "memcpy", False, True,
+            "what-if: the neutronstar GLM stack's MTP draft steps with upstream's pre-504 slab"),
+    Variant("neutronstar-glm", True, True, "memcpy", False, True,
+            "giannisanni/neutronstar @db823235: PR #504 ported onto the fork's GLM CUDA stack"),
+)}
+PREAD_POOL_WORKERS = 8  # #1082: "a pread pool of 8 workers, each with pinned staging and its own CUDA stream"
+DEFAULT_CTX_TOKENS = 32768  # ds4_cli.c: "-c, --ctx N  Context size allocated for the session. Default: 32768"
+
+# Knobs that exist only in some variants: setting one on another variant is a mistake, not a no-op.
+ONLY_IN: dict[str, tuple[str, ...]] = {
+    "expert-profile": ("pr1031", "pr1082"),  # CUDA --expert-profile came with #1031 (§1.14)
+    "DS4_EXPERT_PROFILE": ("pr1031", "pr1082"),
+    "DS4_EXPERT_HOTLIST": ("pr1031", "pr1082"),
+    "DS4_CUDA_HITS_FIRST": ("pr1082",),
+    "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL": ("pr1082",),
+}
+ENV_NAMES = (
+    # ds4-engine.md §4, CUDA streaming @80ebbc3
+    "DS4_CUDA_STREAMING_EXPERT_CACHE_N", "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB",
+    "DS4_CUDA_STREAMING_EXPERT_CACHE_VERBOSE", "DS4_CUDA_STREAMING_EXPERT_CACHE_PROFILE",
+    "DS4_CUDA_ENABLE_STREAMING_EXPERT_HOTLIST", "DS4_CUDA_STREAMING_EXPERT_HOTLIST",
+    "DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP", "DS4_CUDA_DISABLE_STREAMING_PREFILL_BATCH_SELECTED_LOAD",
+    "DS4_CUDA_STREAMING_PREFILL_BATCH_SELECTED_PROFILE", "DS4_CUDA_NO_DIRECT_IO", "DS4_CUDA_KEEP_MODEL_PAGES",
+    "DS4_CUDA_MODEL_COPY_CHUNK_MB", "DS4_CUDA_WEIGHT_CACHE_VERBOSE",
+    # the shared graph layer (named METAL, also read on CUDA)
+    "DS4_METAL_STREAMING_DECODE_PREFILL_MAX", "DS4_METAL_DISABLE_STREAMING_DECODE_PREFILL",
+    "DS4_METAL_DISABLE_STREAMING_COLD_DECODE_PREFILL", "DS4_METAL_PREFILL_CHUNK", "DS4_METAL_RESUME_PREFILL_MIN",
+    "DS4_METAL_DISABLE_STREAMING_EXPERT_HOTLIST", "DS4_METAL_STREAMING_EXPERT_HOTLIST",
+    "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP",
+    # later variants
+    "DS4_EXPERT_PROFILE", "DS4_EXPERT_HOTLIST", "DS4_CUDA_HITS_FIRST", "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL",
+)
+Env = env_table("Ds4Env", "ds4 environment variable", ENV_NAMES)
+# Knobs whose effect the model does not simulate: a scenario that sets one is refused rather than run as if
+# it were absent. The VERBOSE/PROFILE variables and --expert-profile only print or write files: accepted.
+NOT_MODELLED = {
+    "DS4_CUDA_DISABLE_STREAMING_PREFILL_BATCH_SELECTED_LOAD": "prefill without batched selected loads",
+    "DS4_METAL_DISABLE_STREAMING_COLD_DECODE_PREFILL": "the cold decode-style prefill switch",
+    "DS4_METAL_RESUME_PREFILL_MIN": "server resumes from a KV checkpoint",
+}
+COPY_CHUNK_MIB_RANGE = (16, 4096)  # DS4_CUDA_MODEL_COPY_CHUNK_MB clamp (ds4-engine.md §1.2, L218-222)
+
+
+def _check_cache_experts(value: object) -> str:
+    """`--ssd-streaming-cache-experts N|NGB`, kept as the text ds4 parses (an integer is taken as N)."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    number = text[:-2] if isinstance(text, str) and text.endswith("GB") else text
+    if not isinstance(number, str) or not digits(number):
+        raise ValueError('must be N (experts) or "NGB" (GiB of experts), N a whole number')
+    return text
+
+
+class Flags(Strict):
+    """ds4 CLI flags (ds4_help.c @80ebbc3, ds4-engine.md §4). None = the engine's default."""
+
+    KEY_KIND: ClassVar[str] = "ds4 flag"
+    ssd_streaming: bool = Field(True, alias="ssd-streaming")
+    # N experts, or "NGB": N GiB of experts of the first routed layer. Default: 512 on CUDA.
+    ssd_streaming_cache_experts: Annotated[str, PlainValidator(_check_cache_experts)] | None = \
+        Field(None, alias="ssd-streaming-cache-experts")
+    ssd_streaming_cold: bool = Field(False, alias="ssd-streaming-cold")
+    ssd_streaming_preload_experts: Annotated[int, Field(ge=0)] | None = \
+        Field(None, alias="ssd-streaming-preload-experts")  # default: auto, capped at 4096
+    # Default: the whole prompt if <= 4096 tokens, else 4096 (8192 for PRO).
+    prefill_chunk: Annotated[int, Field(ge=1)] | None = Field(None, alias="prefill-chunk")
+    ctx: Annotated[int, Field(ge=2)] | None = None  # the session's context; default 32768
+    # The MTP draft model. Upstream refuses it together with --ssd-streaming (ds4.c L25685 @80ebbc3); the
+    # neutronstar GLM stack binds the draft layer (GLM-5.2's blk.78) from the main GGUF: pass its path.
+    mtp: str | None = None
+    expert_profile: str | None = Field(None, alias="expert-profile")
+
+
+class Settings(Strict):
+    KEY_KIND: ClassVar[str] = "ds4 engine key"
+    name: Literal["ds4"]
+    # pre-504 .. pr1082, neutronstar-*: see VARIANTS.
+    variant: Literal["pre-504", "pr504", "pr605", "pr1031", "pr1082", "neutronstar-glm-slab", "neutronstar-glm"]
+    flags: Flags = Field(default_factory=Flags)
+    env: Env = Field(default_factory=Env)
+
+
+def env_set(env, name: str) -> bool:
+    return getattr(env, name, None) not in (None, "0", "")
+
+
+def env_count(where: str, env, name: str, minimum: int = 0) -> int | None:
+    text = getattr(env, name, None)
+    if text is None:
+        return None
+    if not digits(text.strip()) or int(text) < minimum:
+        raise InputError(where, f"engine.env.{name}", text, f"must be a whole number >= {minimum}")
+    return int(text)
+
+
+def _variant_gate(where: str, section: str, names: set[str], engine) -> None:
+    for name in sorted(names):
+        allowed = ONLY_IN.get(name)
+        if allowed is not None and engine.variant not in allowed:
+            raise InputError(where, f"engine.{section}.{name}", written(getattr(engine, section), name),
+                             f"read only by variant {' or '.join(allowed)}; this scenario's variant is "
+                             f"{engine.variant}")
+
+
+def model_family(scenario) -> str | None:
+    """Which of ds4's models a scenario's file is, by its model class (the hardware profile's compute key:
+    the preset's name, or model_class for a GGUF): "deepseek-v4" or "glm-5.2"; None for any other."""
+    key = scenario.compute_key or scenario.layout.name
+    for family in ("deepseek-v4", "glm-5.2"):
+        if key.startswith(family):
+            return family
+    return None
+
+
+def context_tokens(flags) -> int:
+    return flags.ctx if flags.ctx is not None else DEFAULT_CTX_TOKENS
+
+
+def validate(scenario, where: str) -> None:
+    """ds4's refusals: what the engine would refuse, and what the model does not simulate."""
+    profile, layout, engine = scenario.hardware_profile, scenario.layout, scenario.engine
+    flags, env = engine.flags, engine.env
+    _variant_gate(where, "flags", {Flags.model_fields[n].alias or n for n in flags.model_fields_set}, engine)
+    _variant_gate(where, "env", set(env.model_fields_set), engine)
+    for name in sorted(set(env.model_fields_set) & set(NOT_MODELLED)):
+        raise InputError(where, f"engine.env.{name}", getattr(env, name),
+                         f"not modelled: {NOT_MODELLED[name]}; remove it to simulate the default path")
+    chunk_mib = env.DS4_CUDA_MODEL_COPY_CHUNK_MB
+    if chunk_mib is not None:
+        if not digits(chunk_mib):
+            raise InputError(where, "engine.env.DS4_CUDA_MODEL_COPY_CHUNK_MB", chunk_mib, "must be a whole MiB count")
+        low, high = COPY_CHUNK_MIB_RANGE
+        largest_part = max(max(x.gate_bytes, x.up_bytes, x.down_bytes) for x in layout.layers)
+        if min(max(int(chunk_mib), low), high) * MIB < largest_part:
+            raise InputError(where, "engine.env.DS4_CUDA_MODEL_COPY_CHUNK_MB", chunk_mib,
+                             f"not modelled: expert parts of up to {largest_part / MIB:.2f} MiB would span several "
+                             "copy chunks; the model copies each part as one chunk")
+    if not flags.ssd_streaming:
+        raise InputError(where, "engine.flags.ssd-streaming", False,
+                         "the simulator models ds4 with --ssd-streaming only (the expert cache exists only then)")
+    variant = VARIANTS[engine.variant]
+    if flags.mtp is not None and not variant.mtp_streaming:
+        raise InputError(where, "engine.flags.mtp", flags.mtp,
+                         "ds4 rejects --mtp together with --ssd-streaming (ds4.c L25685 @80ebbc3)")
+    if flags.mtp is not None and layout.n_mtp_layers == 0:
+        raise InputError(where, "engine.flags.mtp", flags.mtp,
+                         f"model {layout.name} has no MTP layer in its file; variant {engine.variant} runs the "
+                         "draft layer bound from the main GGUF (a separate MTP GGUF is not modelled)")
+    if model_family(scenario) is None:
+        raise InputError(where, "model", layout.name, "ds4 is modelled for DeepSeek V4 (Flash, Pro) and GLM-5.2 files "
+                                                      "(set model_class to deepseek-v4-flash or glm-5.2 for a GGUF)")
+    total = layout.n_routed_layers * layout.n_experts
+    text = flags.ssd_streaming_cache_experts
+    if text is not None:
+        gib = text.endswith("GB")
+        amount = int(text[:-2] if gib else text)
+        # NGB counts experts of the first routed layer (ds4.c L25638-25672, ds4-engine.md §1.3)
+        experts = amount * GIB // layout.layers[0].expert_bytes if gib else amount
+        if experts < 1:
+            raise InputError(where, "engine.flags.ssd-streaming-cache-experts", text, "must give at least one expert")
+        if experts > total:
+            raise InputError(where, "engine.flags.ssd-streaming-cache-experts", text,
+                             f"{experts} experts is more than the model's {total} routed experts")
+    cache_n = env.DS4_CUDA_STREAMING_EXPERT_CACHE_N
+    if cache_n is not None and digits(cache_n) and int(cache_n) > total:
+        raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_N", cache_n,
+                         f"more than the model's {total} routed experts")
+    reserve = env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB
+    # ds4 reads an integer GiB only (anything else keeps the 16 GiB default) and clamps it to VRAM / 2:
+    # both are the engine's to reproduce. A reserve of the whole VRAM or more is no setting anyone runs.
+    if reserve is not None and digits(reserve) and int(reserve) * GIB >= profile.vram_bytes:
+        raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", reserve,
+                         f"a reserve >= the GPU's VRAM ({profile.vram_bytes / GIB:g} GiB on {profile.name})")
+    ctx = context_tokens(flags)
+    for i, request in enumerate(scenario.workload.requests):
+        # ds4_session_sync: "prompt exceeds context" when prompt->len >= ctx_size
+        if request.prompt_tokens >= ctx:
+            raise InputError(where, f"workload.requests[{i}].prompt_tokens", request.prompt_tokens,
+                             f"ds4 refuses it: prompt exceeds context (--ctx {ctx}; the prompt must be shorter)")
+
+
+# ------------------------------------------------------------------------------------------ VRAM before the cache
+#
+# VRAM ds4 holds before its expert cache is sized = the non-routed weights it keeps on the GPU + the KV cache
+# and the prefill context buffers at --ctx (their formula below, from the graph allocation) + its compute
+# buffers (a calibration record: fitted, see sim/engine/records.py) + the driver/runtime reservation of the
+# hardware profile.
+
+FLASH_KV_LAYERS = 43          # DS4_N_LAYER
+FLASH_HEAD_DIM = 512          # DS4_N_HEAD_DIM: one KV row (f32)
+FLASH_INDEXER_HEAD_DIM = 128  # DS4_N_INDEXER_HEAD_DIM
+FLASH_SWA_TOKENS = 128        # DS4_N_SWA: the raw (sliding-window) cache per layer
+FLASH_F32_BYTES = 4           # KV rows are stored as f32 on the GPU
+
+
+def flash_compress_ratio(layer: int) -> int:
+    """DeepSeek-V4 attention compression per layer (ds4.c ds4_layer_compress_ratio): the first two layers
+    are dense (0), then the layers alternate: even ones ratio 4 with an indexer, odd ones ratio 128."""
+    if layer < 2:
+        return 0
+    return 4 if layer % 2 == 0 else 128
+
+
+def flash_kv_bytes(ctx_tokens: int) -> int:
+    """The KV cache ds4 allocates on the GPU for a session of ctx_tokens (DeepSeek-V4 Flash): per layer a raw
+    sliding window of min(128, ctx) rows, and per compressed layer ctx / ratio + 2 compressed rows (plus the
+    indexer's rows on ratio-4 layers), every row f32 (ds4.c metal_graph_kv_cache_bytes_for_context)."""
+    raw = min(FLASH_SWA_TOKENS, ctx_tokens)
+    total = FLASH_KV_LAYERS * raw * FLASH_HEAD_DIM * FLASH_F32_BYTES
+    for layer in range(FLASH_KV_LAYERS):
+        ratio = flash_compress_ratio(layer)
+        if ratio:
+            rows = ctx_tokens // ratio + 2
+            total += rows * FLASH_HEAD_DIM * FLASH_F32_BYTES
+            if ratio == 4:
+                total += rows * FLASH_INDEXER_HEAD_DIM * FLASH_F32_BYTES
+    return total
+
+
+def flash_context_buffer_bytes(ctx_tokens: int, prefill_cap_tokens: int) -> int:
+    """The prefill's attention context buffers beside the KV cache: 2 x (ctx / 4 + 2) x prefill chunk f32
+    (ds4.c metal_graph_context_bytes_for_kv_policy)."""
+    return 2 * (ctx_tokens // 4 + 2) * prefill_cap_tokens * FLASH_F32_BYTES
+
+
+# GLM-5.2's MLA cache: per layer and token the compressed KV (kv-lora 512) and the rope key (64), f32 on the
+# neutronstar stack ("78 x ctx x (512 + 64) x 4 B", the cross-check of the GLM-5.2 resident set).
+GLM52_MLA_ROW_FLOATS = 512 + 64
+GLM52_KV_LAYERS = 78
+
+# DeepSeek-V4-Flash's non-routed weights: "non-routed weights: 8.20 GiB" (antirez/ds4#488, ds4-engine.md §2.3).
+FLASH_NON_ROUTED_GIB = 8.20
+# GLM-5.2 on the neutronstar rig keeps "~8 GiB pinned host RAM" of its resident weights in host memory
+# (giannisanni/neutronstar README): those bytes are not in VRAM.
+GLM52_HOST_PINNED_GIB = 8
+
+
+@dataclass(frozen=True)
+class ResidentSet:
+    """What ds4 holds before its expert cache (bytes): in VRAM and in pinned host RAM."""
+
+    non_routed: int  # the file's non-routed weights
+    host_pinned: int  # the part of them kept in pinned host RAM instead of VRAM
+    kv: int  # KV cache at --ctx
+    context_buffers: int  # the prefill's attention context buffers at --ctx
+    compute_buffers: int  # compute buffers and scratch (a calibration record)
+    runtime_reserved: int  # the driver's and runtime's own reservation (hardware profile)
+    record: str  # the calibration record of compute_buffers
+
+    @property
+    def vram(self) -> int:
+        return (self.non_routed - self.host_pinned + self.kv + self.context_buffers + self.compute_buffers
+                + self.runtime_reserved)
+
+
+# GLM-5.2's non-routed weights, [derived] from public geometry at the ds4 file's quants (no published
+# figure of the GGUF's non-routed bytes is in our notes).
+# Geometry: hardware-and-gguf.md §4 (hidden 6144, 64 heads MLA, dense FFN 12288, vocab 154,880, 3 dense +
+# 75 MoE layers + 1 MTP, 256 experts, 1 shared expert of width 2048); MLA ranks from slime/miles
+# scripts/models/glm5-744B-A40B.sh (q-lora 2048, kv-lora 512, qk head 192 + rope 64, v head 256); the DSA
+# indexer from the GLM-5.2 config (index_n_heads 32, index_head_dim 128, index_topk_freq 4,
+# index_skip_topk_offset 3; quoted in miles' GLM-5.2 launcher), whose weights exist only in the layers that
+# compute the index: blocks 1-3 and every 4th after (1-based), 21 of 78, plus the MTP block.
+# Check: these counts give 753.33 B parameters; at BF16 (router bias F32) that is 1,506,659,919,872 B,
+# exactly the GLM-5.2 checkpoint's safetensors total_size (quoted in the same launcher and in GLM-5.2
+# manifest tests); the 744 B headline is the same count without the MTP block.
+# Quants: "everything that makes decisions stays at Q8_0/F32" (neutronstar README, the ds4 GLM-5.2 file):
+# every 2-D non-routed matrix Q8_0, every 1-D tensor (norms, biases) F32, the MTP eh_proj Q8_0
+# (neutronstar docs/glm-mtp-port.md); the MTP block shares the embedding and output head. Result: 18.70
+# GiB. The README's "196.6 GiB file" less the routed bytes (176.98 GiB, block table) implies 19.62 GiB:
+# the recipe keeps ~0.9 GiB more above Q8_0 than this derivation.
+GLM52_MLA = dict(q_lora=2048, kv_lora=512, heads=64, qk_nope=192, qk_rope=64, v_head=256)
+GLM52_DENSE_FFN = 12288
+GLM52_VOCAB = 154_880
+GLM52_INDEXER = dict(heads=32, head_dim=128, every=4, first=3)
+FLASH_VOCAB = 129_280  # DS4_N_VOCAB
+FLASH_EMBEDDING_BYTES = FLASH_VOCAB * 4096 * 2  # the F16 token embedding: only one row is read per token
+
+
+def _q(type_name: str, n_weights: int) -> int:
+    from sim.model.quant import QUANT_TYPES
+
+    t = QUANT_TYPES[type_name]
+    return n_weights // t.block_weights * t.block_bytes
+
+
+def _glm52_layer_bytes(hidden: int, n_experts: int, width: int, moe: bool, indexer: bool) -> int:
+    m = GLM52_MLA
+    mats = [hidden * m["q_lora"], m["q_lora"] * m["heads"] * (m["qk_nope"] + m["qk_rope"]),
+            hidden * (m["kv_lora"] + m["qk_rope"]), m["kv_lora"] * m["heads"] * (m["qk_nope"] + m["v_head"]),
+            m["heads"] * m["v_head"] * hidden]
+    vecs = [m["q_lora"], m["kv_lora"], hidden, hidden]  # q_a_norm, kv_a_norm, attention and FFN norms
+    if indexer:
+        ix = GLM52_INDEXER
+        mats += [m["q_lora"] * ix["heads"] * ix["head_dim"], hidden * ix["head_dim"], hidden * ix["heads"]]
+        vecs += [ix["head_dim"], ix["head_dim"]]  # k norm weight and bias
+    if moe:
+        mats += [3 * hidden * width, hidden * n_experts]  # one shared expert, the router
+        vecs += [n_experts]  # router bias (e_score_correction)
+    else:
+        mats += [3 * hidden * GLM52_DENSE_FFN]
+    return sum(_q("Q8_0", n) for n in mats) + sum(_q("F32", n) for n in vecs)
+
+
+def glm52_non_routed_bytes(layout) -> int:
+    """Non-routed bytes of the ds4 GLM-5.2 file (main blocks, MTP glue, embedding, head): see above."""
+    ix = GLM52_INDEXER
+    n_main = layout.n_blocks - layout.n_mtp_layers
+    total = 0
+    for block in range(n_main):
+        one_based = block + 1
+        indexer = one_based <= ix["first"] or (one_based - ix["first"]) % ix["every"] == 0
+        total += _glm52_layer_bytes(layout.hidden, layout.n_experts, layout.expert_width,
+                                    block not in layout.dense_blocks, indexer)
+    for _ in range(layout.n_mtp_layers):  # a full MoE block with its indexer, plus eh_proj and 3 norms
+        total += _glm52_layer_bytes(layout.hidden, layout.n_experts, layout.expert_width, True, True)
+        total += _q("Q8_0", 2 * layout.hidden * layout.hidden) + _q("F32", 3 * layout.hidden)
+    return total + 2 * _q("Q8_0", GLM52_VOCAB * layout.hidden) + _q("F32", layout.hidden)  # embd, head, norm
+
+
+def shared_expert_bytes(layout) -> int:
+    """One layer's shared expert(s): Q8_0 gate, up and down of the routed experts' width (ds4-engine.md §2.1:
+    "Q8_0, 4096->2048->4096, about 25.5 MiB per layer")."""
+    return layout.n_shared_experts * _q("Q8_0", 3 * layout.hidden * layout.expert_width)
+
+
+def resident_set(layout, family: str, profile, ctx_tokens: int, prefill_cap_tokens: int, domain) -> ResidentSet:
+    """VRAM (and pinned host RAM) ds4 holds before the expert cache; `domain` records the calibration use."""
+    reserved = profile.runtime_reserved_bytes
+    if family == "deepseek-v4":
+        record = domain.use("ds4-flash-buffers-503", "ds4 compute buffers")
+        return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, flash_kv_bytes(ctx_tokens),
+                           flash_context_buffer_bytes(ctx_tokens, prefill_cap_tokens), record.bytes(), reserved,
+                           record.id)
+    record = domain.use("ds4-glm52-buffers-neutronstar", "ds4 compute buffers")
+    kv = GLM52_KV_LAYERS * ctx_tokens * GLM52_MLA_ROW_FLOATS * FLASH_F32_BYTES
+    return ResidentSet(glm52_non_routed_bytes(layout), GLM52_HOST_PINNED_GIB * GIB, kv, 0, record.bytes(),
+                       reserved, record.id)
+
+
+def non_routed_bytes(layout, family: str) -> int:
+    return int(FLASH_NON_ROUTED_GIB * GIB) if family == "deepseek-v4" else glm52_non_routed_bytes(layout)
+
+
+# ------------------------------------------------------------------------------------------ work per layer
+
+
+def embedding_bytes(layout, family: str) -> int:
+    """The token embedding, of which a token reads one row: F16 in the Flash files (ds4-engine.md §2.3), Q8_0
+    in the GLM-5.2 file (see glm52_non_routed_bytes)."""
+    if family == "deepseek-v4":
+        return FLASH_VOCAB * layout.hidden * 2
+    return _q("Q8_0", GLM52_VOCAB * layout.hidden)
+
+
+def decode_bytes_by_layer(layout, family: str, layers: Sequence[int]) -> np.ndarray:
+    """[layer, 3] bytes a decoded token reads in each layer: the attention/router/norm part (the non-routed
+    weights less the embedding, spread evenly over the routed layers, less the shared expert), the shared
+    expert, and top_k routed experts of the layer. Decode is memory-bound, so these bytes split a token's GPU
+    time between the parts (and prefill's, for want of a finer figure)."""
+    n = layout.n_routed_layers
+    shared = shared_expert_bytes(layout)
+    other = max((non_routed_bytes(layout, family) - embedding_bytes(layout, family)) / n - shared, 0.0)
+    return np.array([[other, shared, layout.top_k * layout.layers[i].expert_bytes] for i in layers], np.float64)
+
+
+# ------------------------------------------------------------------------------------------ the plan's knobs
+
+DEFAULT_OBJECTIVE = "decode_tok_s"
+KEY_VARIANT = "engine.variant"
+KEY_BUDGET = "engine.flags.ssd-streaming-cache-experts"
+KEY_RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
+KEY_CHUNK = "engine.flags.prefill-chunk"
+# explore.plan's words for the knobs and some of their values
+KNOB_NAMES = {KEY_VARIANT: "variant", KEY_BUDGET: "expert budget", KEY_RESERVE: "VRAM reserve (GiB)",
+              KEY_CHUNK: "prefill chunk"}
+KNOB_LABELS = {(KEY_VARIANT, "pr504"): "per-class caches (pr504)", (KEY_VARIANT, "pre-504"): "one slab (pre-504)"}
+
+
+def _get(data: dict, key: str):
+    node = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _values(base, *others) -> list:
+    out = [] if base is None else [base]
+    for v in others:
+        if not any(type(v) is type(u) and v == u for u in out):
+            out.append(v)
+    return out
+
+
+def knobs(data: dict) -> tuple[list[tuple[str, list]], list[tuple[str, list]]]:
+    """explore.plan's default search: (primary, secondary) knobs, the scenario's own value first."""
+    variant = (data.get("engine") or {}).get("variant")
+    primary = []
+    if variant in ("pre-504", "pr504"):
+        primary.append((KEY_VARIANT, _values(variant, "pr504" if variant == "pre-504" else "pre-504")))
+    primary.append((KEY_BUDGET, _values(_get(data, KEY_BUDGET), "4096")))
+    secondary = [(KEY_RESERVE, _values(_get(data, KEY_RESERVE), "8", "16")),
+                 (KEY_CHUNK, _values(_get(data, KEY_CHUNK), 4096, 8192))]
+    return primary, secondary
+
+
+def prune(scenario) -> str | None:
+    """Why a candidate cannot fit before it runs: the reserve leaves no VRAM for any expert cache."""
+    from sim.engine.records import Domain
+
+    eng, profile = scenario.engine, scenario.hardware_profile
+    reserve = vram_reserve_bytes(getattr(eng.env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None),
+                                 profile.vram_bytes)
+    chunk = eng.flags.prefill_chunk or DEFAULT_CHUNK_TOKENS
+    resident = resident_set(scenario.layout, model_family(scenario), profile, context_tokens(eng.flags), chunk,
+                            Domain("ds4", scenario.layout.name, profile.name, None))
+    free = profile.vram_bytes - resident.vram
+    if live_budget(1, 1, max(free, 0), reserve).disabled:
+        return f"reserve {reserve / GIB:.1f} GiB >= {free / GIB:.1f} GiB free before the cache: no expert cache"
+    return None
+
+
+def owned_buffers(settings: dict) -> bool:
+    """Whether a candidate's prompt path has buffers of its own (ds4 has no loans)."""
+    return False
+
+
+DEFAULT_CHUNK_TOKENS = 4096  # the graph's prefill cap when --prefill-chunk is not given (ds4.c L8330, §1.7)

@@ -16,23 +16,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import simpy
 
 from sim import __version__
+from sim.engine import process_class
+from sim.engine.records import Domain
 from sim.engine.timeline import Recorder, hit_rate, link_frame, safe_rate
 from sim.engine.workload import workload_routing
 from sim.errors import InputError
-
-
-def _engine_class(name: str):
-    if name == "ds4":
-        from sim.engine.ds4 import Ds4Engine
-
-        return Ds4Engine
-    from sim.engine.strata import StrataEngine
-
-    return StrataEngine
+from sim.machine import Machine
 
 
 @dataclass
@@ -41,7 +35,7 @@ class RunResult:
     steps: pd.DataFrame
     copies: pd.DataFrame
     timings: pd.DataFrame
-    links: tuple = ()  # the engine's Links: write_results writes their busy intervals
+    links: tuple = ()  # the machine's servers: write_results writes their busy intervals
     scenario: object = None  # with routing: write_results writes the measured request's routing
     routing: object = None  # WorkloadRouting
 
@@ -64,6 +58,21 @@ def provenance(scenario, trace_sha256: str, **extra) -> dict:
     }
 
 
+def context_tokens(scenario) -> int | None:
+    """The context the run's engine is configured for (the calibration records' `context` key)."""
+    flags = scenario.engine.flags
+    if scenario.engine.name == "ds4":
+        from sim.engine.ds4_plan import context_tokens as ds4_context
+
+        return ds4_context(flags)
+    return getattr(flags, "max_context", None)
+
+
+def extent_bytes(layout) -> np.ndarray:
+    """Bytes of each (layer, expert) file extent of the routed layers, key = layer * n_experts + expert."""
+    return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
+
+
 def run_scenario(scenario) -> RunResult:
     if scenario.engine.name == "replay":  # no engine: the workload through one cache, counts only
         from sim.engine.cache_only import run_replay
@@ -71,8 +80,11 @@ def run_scenario(scenario) -> RunResult:
         return run_replay(scenario)
     routing = workload_routing(scenario)
     recorder = Recorder()
-    engine = _engine_class(scenario.engine.name)(scenario, routing, recorder)
     env = simpy.Environment()
+    machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout))
+    domain = Domain(scenario.engine.name, scenario.layout.name, scenario.hardware_profile.name,
+                    context_tokens(scenario))
+    engine = process_class(scenario.engine.name)(scenario, routing, recorder, machine, domain)
     timings: list[dict] = []
     env.process(engine.serve(env, timings))
     env.run()
@@ -84,7 +96,9 @@ def run_scenario(scenario) -> RunResult:
     prefill = mine[mine["phase"] == "prefill"]
     profile = scenario.hardware_profile
     state = engine.state()
-    bound = engine.belady_decode_hit_rate(measured) if hasattr(engine, "belady_decode_hit_rate") else None
+    bound = engine.bounds(measured)["belady_decode_hit_rate"]
+    elapsed = float(timing["end_s"].max())
+    servers = machine.servers()
     summary = {
         "scenario": str(scenario.path) if scenario.path else None,
         "engine": scenario.engine.name,
@@ -104,14 +118,18 @@ def run_scenario(scenario) -> RunResult:
         "belady_decode_hit_rate": bound,
         "belady_gap": None if bound is None else bound - hit_rate(decode),
         "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
-        "simulated_s": float(timing["end_s"].max()),
+        "simulated_s": elapsed,
         # time the GPU compute stream was not busy: waiting on copies, syncs and host work
-        "gpu_idle_s": float(timing["end_s"].max()) - engine.links["compute"].busy_s,
-        "links": [link.summary(float(timing["end_s"].max())) for link in engine.links.values()],
+        "gpu_idle_s": elapsed - machine.gpu.busy_s,
+        "vram_peak_mib": machine.memory.peak["vram"] / 2**20,
+        "ram_peak_mib": machine.memory.peak["ram"] / 2**20,
+        "links": [server.summary(elapsed) for server in servers],
+        "notices": list(state.get("notices", [])),
+        "out_of_domain": domain.out_of_domain(),
         "engine_state": state,
         "provenance": provenance(scenario, routing.sha256),
     }
-    return RunResult(summary, steps, copies, timing, tuple(engine.links.values()), scenario, routing)
+    return RunResult(summary, steps, copies, timing, tuple(servers), scenario, routing)
 
 
 def routing_table(scenario, routing, request: int):

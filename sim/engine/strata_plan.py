@@ -23,14 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, PlainValidator
 
 from sim.errors import InputError
+from sim.schema import Strict, count_or_keyword, digits, env_table, written
+from sim.units import GIB, MIB
 
 # fmt: off
-MIB_BYTES = 1 << 20
-GIB_BYTES = 1 << 30
 U64_MAX = (1 << 64) - 1                            # size_t saturation in the fork's helpers (§3.5)
 
 SLOT_ALIGN_BYTES = 256                             # roundup256(blob) per sized slot (generate.cpp, §2.3, §3.1)
@@ -54,7 +56,7 @@ RING_OVERRIDE_MIN_SLOTS, RING_OVERRIDE_MAX_SLOTS = 16, 512   # STRATA_PREFILL_RI
 # Prefill::bytes_needed, [derived] fit (§4.2, §4.3): NOT engine constants. The fixed part is the notes'
 # theory (163.4 MiB from the allocation replay, §4.1) rounded as in table §4.3; the per-token part is the
 # fit of the two 96 GB measurements (0.41458 MiB = 434,722 B, 0.9 % above the 430,588 B theory).
-PREFILL_FIXED_BYTES = 163 * MIB_BYTES              # [derived] fit, §4.1/§4.3
+PREFILL_FIXED_BYTES = 163 * MIB              # [derived] fit, §4.1/§4.3
 PREFILL_BYTES_PER_TOKEN = 434_722                  # [derived] fit, §4.2
 KV_STAGE_BYTES_PER_CELL_INT8 = 1_056               # one QSA layer's INT8 K+V per cell (§2.1, §4.1)
 
@@ -167,7 +169,7 @@ def auto_expert_cache(ranked_blobs: np.ndarray, max_blob_bytes: int, free_vram_b
     the profile length, prefill = 160 + chunk*680/1024 MiB only when not borrowing; then the sized walk
     under min(count x max_blob, free - reserve - prefill - mtp_bind)."""
     where = "auto expert cache"
-    prefill_bytes = 0 if borrowing else owned_prefill_mib(owned_chunk_tokens) * MIB_BYTES
+    prefill_bytes = 0 if borrowing else owned_prefill_mib(owned_chunk_tokens) * MIB
     spare = (_check_int(where, "free_vram_bytes", free_vram_bytes)
              - _check_int(where, "vram_reserve_bytes", vram_reserve_bytes) - prefill_bytes
              - _check_int(where, "mtp_bind_bytes", mtp_bind_bytes))
@@ -215,14 +217,14 @@ def post_write_shrink(ranked_blobs: np.ndarray, cache: SizedCache, vram_reserve_
     rounds, zero_reads = [], 0
     for _ in range(POST_WRITE_MAX_ROUNDS):
         free = free_after_write(cache.bytes)
-        if free + POST_WRITE_TOLERANCE_MIB * MIB_BYTES >= vram_reserve_bytes or cache.slots == 0:
+        if free + POST_WRITE_TOLERANCE_MIB * MIB >= vram_reserve_bytes or cache.slots == 0:
             break
         if wddm and free <= 0:
             zero_reads += 1
             fixed = zero_reads <= POST_WRITE_ZERO_READS_WITH_FIXED_GIVEBACK
-            give = POST_WRITE_ZERO_READ_GIVEBACK_GIB * GIB_BYTES if fixed else cache.bytes // POST_WRITE_QUARTER_DIVISOR
+            give = POST_WRITE_ZERO_READ_GIVEBACK_GIB * GIB if fixed else cache.bytes // POST_WRITE_QUARTER_DIVISOR
         else:
-            give = vram_reserve_bytes - free + POST_WRITE_SHORTFALL_MARGIN_MIB * MIB_BYTES
+            give = vram_reserve_bytes - free + POST_WRITE_SHORTFALL_MARGIN_MIB * MIB
         rounds.append((free, give))
         cache = sized_slot_walk(ranked_blobs, max(0, cache.bytes - give))
     return ShrinkResult(cache, tuple(rounds))
@@ -301,7 +303,8 @@ class LendPlan:
 def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens: int,
               explicit_chunk_tokens: int | None = None, candidates: Sequence[int] = AUTO_CHUNKS_V0135,
               max_blob_bytes: int = IQ3S_MAX_BLOB_BYTES, kv_stage: int = 0, borrow: bool = True,
-              has_profile: bool = True, lend_pct_override: int | None = None) -> LendPlan:
+              has_profile: bool = True, lend_pct_override: int | None = None,
+              pricing: "Pricing | None" = None, grid_ceiling_tokens: int | None = None) -> LendPlan:
     """plan_lend (generate.cpp, one GPU, §3.3).
 
     auto: the first c in candidates (c <= max_context) with k(c) + 128 <= slots and 100 k(c) <= LendPct x
@@ -317,10 +320,13 @@ def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens
     pct = lend_pct(pinned_share) if lend_pct_override is None else _check_int(where, "lend_pct", lend_pct_override, 0)
 
     def need(c: int) -> int:
+        if pricing is not None:
+            return pricing.need(c)
         return bytes_needed(c, ring_slots(c, pinned_share), kv_stage, max_blob_bytes=max_blob_bytes)
 
     def owned(c: int) -> LendPlan:
-        return LendPlan(c, 0, 0, None, True, need(c), pinned_share, kv_stage, max_blob_bytes)
+        return LendPlan(c, 0, 0, None, True, pricing.need_owned(c) if pricing is not None else need(c),
+                        pinned_share, kv_stage, max_blob_bytes)
 
     def lent(c: int, k: int) -> LendPlan:
         return LendPlan(c, k, _tail_bytes(slot_bytes, k), slots - k, False, need(c), pinned_share, kv_stage,
@@ -338,6 +344,13 @@ def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens
         return owned(OWNED_FALLBACK_CHUNK_TOKENS)
     if not (borrow and has_profile):
         return owned(NO_BORROW_CHUNK_TOKENS)
+    if grid_ceiling_tokens is not None:  # 0.1.39b (#583): the largest chunk on the 256-token grid that fits
+        def fits(c: int) -> int | None:
+            k = tail_slots_for(slot_bytes, need(c))
+            return k if k is not None and k + MIN_KEEP_SLOTS <= slots and k * 100 <= pct * slots else None
+
+        best = largest_grid_chunk(min(grid_ceiling_tokens, max_context_tokens), lambda c: fits(c) is not None)
+        return lent(best, fits(best)) if best else owned(OWNED_FALLBACK_CHUNK_TOKENS)
     for c in candidates:
         if c > max_context_tokens:
             continue
@@ -345,6 +358,19 @@ def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens
         if k is not None and k + MIN_KEEP_SLOTS <= slots and k * 100 <= pct * slots:
             return lent(c, k)
     return owned(OWNED_FALLBACK_CHUNK_TOKENS)
+
+
+def largest_grid_chunk(ceiling_tokens: int, ok: Callable[[int], bool]) -> int:
+    """The largest multiple of 256 tokens <= ceiling for which ok holds (ok monotone: a smaller chunk needs
+    fewer bytes), by bisection as biggest_lend_chunk does (vram_plan.hpp, #583); 0 when not even 256 fits."""
+    lo, hi = 0, ceiling_tokens // LOAN_GRANULE_TOKENS
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid * LOAN_GRANULE_TOKENS):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * LOAN_GRANULE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -356,7 +382,8 @@ class Loan:
     changed: bool  # False: the current loan already covered want
 
 
-def lend(plan: LendPlan, slot_bytes: np.ndarray, tokens: int, current_first_slot: int | None = None) -> Loan:
+def lend(plan: LendPlan, slot_bytes: np.ndarray, tokens: int, current_first_slot: int | None = None,
+         pricing: "Pricing | None" = None) -> Loan:
     """lend(tokens) per request (§3.3): want = min(chunk, roundup256(tokens)); first = max(plan first,
     slots - k(want)); a current loan starting at or before that first slot is kept as is."""
     slot_bytes = np.asarray(slot_bytes, dtype=np.int64)
@@ -364,7 +391,8 @@ def lend(plan: LendPlan, slot_bytes: np.ndarray, tokens: int, current_first_slot
     want = min(plan.chunk_tokens, roundup(_check_int("lend", "tokens", tokens, 1), LOAN_GRANULE_TOKENS))
     if plan.owned:
         return Loan(want, 0, None, 0, False)
-    need = bytes_needed(want, ring_slots(want, plan.pinned_share), plan.kv_stage, max_blob_bytes=plan.max_blob_bytes)
+    need = pricing.need(want) if pricing is not None else \
+        bytes_needed(want, ring_slots(want, plan.pinned_share), plan.kv_stage, max_blob_bytes=plan.max_blob_bytes)
     k = tail_slots_for(slot_bytes, need)
     first = max(plan.first_lent_slot, slots - (k if k is not None else slots))
     if current_first_slot is not None and current_first_slot <= first:
@@ -414,7 +442,7 @@ def conversation_expert_headroom(existing_headroom_bytes: int, conv_budget_bytes
     if not (resident_experts and budget > 0 and _check_int(where, "conv_slots", conv_slots) > 0
             and _check_int(where, "prompt_cache_entries", prompt_cache_entries) > 0):
         return existing
-    wanted = min(budget + min_free + CONVERSATION_HEADROOM_MARGIN_MIB * MIB_BYTES, U64_MAX)
+    wanted = min(budget + min_free + CONVERSATION_HEADROOM_MARGIN_MIB * MIB, U64_MAX)
     return max(existing, wanted)
 
 
@@ -437,8 +465,8 @@ def resident_headroom_bytes(mode: str, env_headroom_gib: str | None = None) -> i
                              "must be a number of GiB") from None
         if not gib >= 0:
             raise InputError("STRATA_RESIDENT_HEADROOM_GIB", "value", env_headroom_gib, "must be >= 0")
-        return int(gib * GIB_BYTES)
-    return (MMAP_CPU_HEADROOM_GIB if mode == "resident-cpu-experts" else RESIDENT_HEADROOM_GIB) * GIB_BYTES
+        return int(gib * GIB)
+    return (MMAP_CPU_HEADROOM_GIB if mode == "resident-cpu-experts" else RESIDENT_HEADROOM_GIB) * GIB
 
 
 @dataclass(frozen=True)
@@ -485,14 +513,14 @@ def resident_ram_plan(total_expert_bytes: int, cache_blob_bytes: np.ndarray, len
     if lent < 0:
         raise InputError(where, "lend_first_slot", lend_first_slot, f"beyond the cache's {slots} slots")
     if mode == "resident-budget":
-        clamp = max(0, budget - BUDGET_MODE_MARGIN_MIB * MIB_BYTES)
+        clamp = max(0, budget - BUDGET_MODE_MARGIN_MIB * MIB)
         asked = -1 if resident_budget_bytes is None else resident_budget_bytes
         asked = _check_int(where, "resident_budget_bytes", asked)
         copy = min(asked, clamp, complement)
         return ResidentPlan("budget", complement, budget, 0, 0, lent, None, copy, None)
     if complement > budget:
-        gib = f"{complement / GIB_BYTES:.2f} GiB complement > {max(budget, 0) / GIB_BYTES:.2f} GiB budget " \
-              f"(available {available_ram_bytes / GIB_BYTES:.2f} - headroom {headroom_bytes / GIB_BYTES:.2f} GiB)"
+        gib = f"{complement / GIB:.2f} GiB complement > {max(budget, 0) / GIB:.2f} GiB budget " \
+              f"(available {available_ram_bytes / GIB:.2f} - headroom {headroom_bytes / GIB:.2f} GiB)"
         if mode == "resident-experts":
             return ResidentPlan("mmap-fallback", complement, budget, 0, 0, lent, None, 0,
                                 f"warning: resident experts do not fit ({gib}); falling back to mmap")
@@ -527,7 +555,7 @@ class ParkResult:
 
 def conversation_budget_bytes(conv_cache_mib: int, prompt_cache_entries: int) -> int:
     """ConversationCache(budget = M MiB if prompt_cache > 0, else 0 = off) (§3.7)."""
-    return _check_int("conversation cache", "mib", conv_cache_mib) * MIB_BYTES if prompt_cache_entries > 0 else 0
+    return _check_int("conversation cache", "mib", conv_cache_mib) * MIB if prompt_cache_entries > 0 else 0
 
 
 def make_room(entries: Sequence[ParkedConversation], slots: int, budget_bytes: int, held_bytes: int,
@@ -568,3 +596,275 @@ def park_conversation(entries: Sequence[ParkedConversation], incoming: ParkedCon
     if not physical_ram_admits(available_ram_bytes, min_free_bytes, incoming.bytes):
         return ParkResult(kept, evicted, False, "below the physical-RAM floor")
     return ParkResult(kept + (incoming,), evicted, True, None)
+
+
+# ------------------------------------------------------------------------------------------ builds
+#
+# What each Strata build does differently. The seeds are v0.1.35 and the #658 fork on it; the later builds
+# change how the prompt path is priced and planned (strata-engine.md §0, §3.2, §3.3, §4.3).
+
+Q2_0_BLOB_BYTES = 1_382_400                        # the Q2_0 pack's blob: 0.1.39b's ring unit (§3.2)
+RING_BUDGET_UNITS_PINNED, RING_BUDGET_UNITS_UNPINNED = 384, 96  # 0.1.39b: "384 pinned / 96", in Q2_0 blobs (§3.2)
+STREAM_ALL_MIN_TOKENS_V0139 = 1024                 # STREAM_ALL_MIN from 0.1.39 (§3.2)
+AUTO_CHUNK_CEILING_TOKENS = 8192                   # --prefill auto's largest chunk unless auto:N asks more (vram_plan.hpp)
+OWNED_ALLOCATIONS = 35                             # 0.1.40 bytes_needed_owned: "~35 separate cudaMallocs" (§3.4)
+OWNED_PAGE_BYTES = 2 * MIB                         # ... each rounded to a 2 MiB page (§3.4)
+KV_RESIDENT_MIN_CELLS = 20480                      # --kv-resident N: "minimum 20480" (Niko1221/Strata docs/FLAGS.md)
+QSA_LAYERS = 12                                    # Qwen3.8-Flash-Next: 12 QSA sparse-attention layers hold K/V (§2.1)
+DRAFT_KV_LAYERS = 1                                # the MTP draft layer's K/V (parked with the main layers, §3.7)
+DEFAULT_MAX_CONTEXT_TOKENS = 262_144               # the #658 runs' --max-context (seed); no upstream default is in the notes
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    stream_all_min_tokens: int
+    ring_bytes: bool  # 0.1.39b (#583): the ring is a byte budget, not a slot count
+    grid_auto: bool  # 0.1.39b: --prefill auto bisects on a 256-token grid up to max(8192, min(auto:N, ctx))
+    auto_n: bool  # #669: --prefill auto:N is parsed
+    owned_pricing: bool  # 0.1.40: owned buffers priced per cudaMalloc (2 MiB pages)
+    startup_plan: bool  # #765: the owned prompt path is booked before the cache is sized
+    independent_buffers: bool  # the #658 fork: owned buffers when spare VRAM pays for them
+    conversation_headroom: bool  # the #658 fork: the conversation budget inside the RAM headroom
+    live_memory: bool  # the live-memory build: loans get RAM coverage from the resident budget
+    source: str
+
+
+BUILDS = {b.name: b for b in (
+    Build("v0.1.35", 2048, False, False, False, False, False, False, False, False,
+          "Niko1221/Strata d9ab8435 (strata-engine.md §3)"),
+    Build("fork-658", 2048, False, False, False, False, False, True, True, False,
+          "spideytznn/Strata on v0.1.35: proposal #658 (seed)"),
+    Build("v0.1.39b", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, False, False, False, False, False,
+          "0.1.39b: #583 ring byte budget and 256-token chunk bisection, #669 --prefill auto:N, STREAM_ALL_MIN 1024"),
+    Build("v0.1.40", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, False,
+          "0.1.40: bytes_needed_owned (2 MiB pages), #765 plan_startup_vram, on 0.1.39b"),
+    Build("v0.1.40-live", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, True,
+          "the live-memory build on 0.1.40 (docs/LIVE_MEMORY.md): lent GPU experts get RAM copies that share the "
+          "resident budget; a lent expert without one takes a same-layer RAM slot's place (a donor) before the "
+          "loan, else falls back to the file"),
+)}
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How a build prices its prompt path for a cache: the streaming ring and Prefill::bytes_needed."""
+
+    build: Build
+    pinned_share: float
+    max_blob_bytes: int
+    kv_stage: int = 0
+    ring_override_slots: int | None = None
+
+    def ring(self, chunk_tokens: int) -> int:
+        if not self.build.ring_bytes or chunk_tokens < self.build.stream_all_min_tokens:
+            return ring_slots(chunk_tokens, self.pinned_share, ring_override_slots=self.ring_override_slots,
+                              stream_all_min_tokens=self.build.stream_all_min_tokens)
+        if self.ring_override_slots is not None:
+            return min(max(self.ring_override_slots, RING_OVERRIDE_MIN_SLOTS), RING_OVERRIDE_MAX_SLOTS)
+        units = RING_BUDGET_UNITS_PINNED if self.pinned_share >= PINNED_SHARE_THRESHOLD else RING_BUDGET_UNITS_UNPINNED
+        return max(1, units * Q2_0_BLOB_BYTES // self.max_blob_bytes)
+
+    def need(self, chunk_tokens: int) -> int:
+        return bytes_needed(chunk_tokens, self.ring(chunk_tokens), self.kv_stage, max_blob_bytes=self.max_blob_bytes)
+
+    def need_owned(self, chunk_tokens: int) -> int:
+        """Owned buffers: the same bytes, plus (0.1.40) each allocation rounded to its 2 MiB page; the
+        allocations' own sizes are not in the notes, so each wastes half a page on average."""
+        extra = OWNED_ALLOCATIONS * OWNED_PAGE_BYTES // 2 if self.build.owned_pricing else 0
+        return self.need(chunk_tokens) + extra
+
+
+def kv_vram_bytes(max_context_tokens: int, kv_resident_cells: int | None) -> int:
+    """INT8 K/V in VRAM: 1,056 B per cell (§2.1) for every QSA layer and the draft layer at --max-context; with
+    --kv-resident N only N cells of each QSA layer stay in VRAM (the rest lives in host RAM)."""
+    cells = max_context_tokens if kv_resident_cells is None else min(kv_resident_cells, max_context_tokens)
+    return (QSA_LAYERS * cells + DRAFT_KV_LAYERS * max_context_tokens) * KV_STAGE_BYTES_PER_CELL_INT8
+
+
+def kv_host_bytes(max_context_tokens: int, kv_resident_cells: int | None) -> int:
+    """Pinned host RAM of --kv-resident streaming: every QSA layer's cells beyond the resident N."""
+    if kv_resident_cells is None:
+        return 0
+    return QSA_LAYERS * max(0, max_context_tokens - kv_resident_cells) * KV_STAGE_BYTES_PER_CELL_INT8
+
+
+# ------------------------------------------------------------------------------------------ knobs
+
+ONLY_IN: dict[str, tuple[str, ...]] = {
+    "STRATA_PREFILL_OWN_AUTO": ("fork-658",),  # spideytznn/Strata: independent prefill buffers (#658)
+}
+ENV_NAMES = (
+    "STRATA_PREFILL_OWN_AUTO",  # fork-658: "0" turns the independent-buffer choice off (default on)
+    "STRATA_RESIDENT_HEADROOM_GIB",  # RAM headroom of the resident modes (default 4 GiB, 8 otherwise)
+    "STRATA_PREFILL_RING", "STRATA_PREFILL_LEND_PCT", "STRATA_STAGER_THREADS", "STRATA_ARENA_PIN_GIB",
+)
+Env = env_table("StrataEnv", "strata environment variable", ENV_NAMES)
+
+
+def _check_expert_cache(value: object) -> str | int:
+    return count_or_keyword(value, '"auto" or a number of experts', lambda v: v == "auto")
+
+
+def _check_prefill(value: object) -> str | int:
+    return count_or_keyword(value, '"auto", "auto:N" or a chunk size in tokens',
+                            lambda v: v == "auto" or (v.startswith("auto:") and digits(v[5:]) and int(v[5:]) >= 1))
+
+
+class Flags(Strict):
+    """Strata CLI flags (src/program/generate.cpp, strata-engine.md §3). Defaults are the engine's."""
+
+    KEY_KIND: ClassVar[str] = "strata flag"
+    # "auto", or N: a byte budget of N x the largest expert blob, filled with sized slots (§2.3).
+    expert_cache: Annotated[str | int, PlainValidator(_check_expert_cache)] = Field("auto", alias="expert-cache")
+    vram_reserve_mib: Annotated[int, Field(ge=0)] = Field(700, alias="vram-reserve-mib")
+    prefill: Annotated[str | int, PlainValidator(_check_prefill)] = "auto"  # "auto" | "auto:N" | C
+    no_prefill_borrow: bool = Field(False, alias="no-prefill-borrow")
+    # A profile ranking (layer, expert) pairs; "@trace" ranks them by the scenario trace's own counts.
+    expert_profile: Annotated[str, Field(min_length=1)] | None = Field(None, alias="expert-profile")
+    # RAM mode: arena (default), resident-experts, or resident-budget-gib G (§3.5).
+    resident_experts: bool = Field(False, alias="resident-experts")
+    resident_budget_gib: Annotated[float, Field(gt=0)] | None = Field(None, alias="resident-budget-gib")
+    max_context: Annotated[int, Field(ge=256)] = Field(DEFAULT_MAX_CONTEXT_TOKENS, alias="max-context")
+    # N cells of each QSA layer's K/V in VRAM, the rest in pinned host RAM (KV streaming); unset: all in VRAM
+    kv_resident: Annotated[int, Field(ge=1)] | None = Field(None, alias="kv-resident")
+    conversation_cache_mib: Annotated[int, Field(ge=0)] = Field(0, alias="conversation-cache-mib")  # 0 = off
+    conversation_cache_slots: Annotated[int, Field(ge=1)] = Field(4, alias="conversation-cache-slots")
+    conversation_cache_min_free_mib: Annotated[int, Field(ge=0)] = Field(2560, alias="conversation-cache-min-free-mib")
+    prompt_cache: Annotated[int, Field(ge=0)] = Field(6, alias="prompt-cache")  # in-session checkpoints
+    prompt_cache_every: Annotated[int, Field(ge=1)] = Field(16384, alias="prompt-cache-every")
+    adapt_every: Annotated[int, Field(ge=1)] = Field(4, alias="adapt-every")
+    adapt_swaps: Annotated[int, Field(ge=0)] = Field(96, alias="adapt-swaps")
+    short_read: Annotated[int, Field(ge=0)] = Field(64, alias="short-read")
+
+    @property
+    def ram_mode(self) -> str:
+        if self.resident_budget_gib is not None:
+            return "resident-budget"
+        return "resident-experts" if self.resident_experts else "arena"
+
+    @property
+    def kv_resident_cells(self) -> int | None:
+        """--kv-resident N as the engine applies it: at least 20480 cells (FLAGS.md)."""
+        return None if self.kv_resident is None else max(self.kv_resident, KV_RESIDENT_MIN_CELLS)
+
+
+class Settings(Strict):
+    KEY_KIND: ClassVar[str] = "strata engine key"
+    name: Literal["strata"]
+    variant: Literal["v0.1.35", "fork-658", "v0.1.39b", "v0.1.40", "v0.1.40-live"]
+    flags: Flags = Field(default_factory=Flags)
+    env: Env = Field(default_factory=Env)
+
+
+# Strata's kernels are built for one geometry (compile-time constants checked against the model,
+# strata-engine.md §2.1, §4.1): Qwen3.8-Flash-Next, 512 experts (256 in the Coder prune), top-10, n_embd 2560.
+GEOMETRY = {"hidden": (2560,), "top_k": (10,), "n_experts": (512, 256)}
+
+
+def validate(scenario, where: str) -> None:
+    """Strata's refusals: what the engine would refuse, and what the model does not simulate."""
+    profile, layout, engine = scenario.hardware_profile, scenario.layout, scenario.engine
+    flags, env = engine.flags, engine.env
+    build = BUILDS[engine.variant]
+    for name in sorted(set(env.model_fields_set)):
+        allowed = ONLY_IN.get(name)
+        if allowed is not None and engine.variant not in allowed:
+            raise InputError(where, f"engine.env.{name}", written(env, name),
+                             f"read only by variant {' or '.join(allowed)}; this scenario's variant is "
+                             f"{engine.variant}")
+    for field, allowed in GEOMETRY.items():
+        if getattr(layout, field) not in allowed:
+            raise InputError(where, "model", scenario.model,
+                             f"Strata runs only Qwen3.8-Flash-Next geometry ({field} {' or '.join(map(str, allowed))}"
+                             f"); {layout.name} has {field} {getattr(layout, field)}")
+    if flags.resident_experts and flags.resident_budget_gib is not None:
+        raise InputError(where, "engine.flags.resident-budget-gib", flags.resident_budget_gib,
+                         "choose one RAM mode: resident-experts or resident-budget-gib")
+    if isinstance(flags.prefill, str) and flags.prefill.startswith("auto:") and not build.auto_n:
+        raise InputError(where, "engine.flags.prefill", flags.prefill,
+                         f"{engine.variant} does not parse auto:N (upstream #669 came with 0.1.39): use auto, a "
+                         "chunk, or variant v0.1.39b or later")
+    if build.live_memory and (flags.resident_budget_gib is None or flags.expert_profile is None):
+        raise InputError(where, "engine.variant", engine.variant,
+                         "live memory needs --resident-budget-gib and an --expert-profile (docs/LIVE_MEMORY.md)")
+    total = layout.n_routed_layers * layout.n_experts
+    if isinstance(flags.expert_cache, int) and flags.expert_cache > total:
+        raise InputError(where, "engine.flags.expert-cache", flags.expert_cache,
+                         f"more than the model's {total} routed experts")
+    if flags.vram_reserve_mib * MIB >= profile.vram_bytes:
+        raise InputError(where, "engine.flags.vram-reserve-mib", flags.vram_reserve_mib,
+                         f"a reserve >= the GPU's VRAM ({profile.vram_bytes // MIB} MiB on {profile.name})")
+    for i, request in enumerate(scenario.workload.requests):
+        if request.prompt_tokens + request.decode_tokens > flags.max_context:
+            raise InputError(where, f"workload.requests[{i}].prompt_tokens", request.prompt_tokens,
+                             f"Strata refuses a request beyond --max-context {flags.max_context}: "
+                             f"{request.prompt_tokens} prompt + {request.decode_tokens} output tokens")
+
+
+# ------------------------------------------------------------------------------------------ the plan's knobs
+
+DEFAULT_OBJECTIVE = "prefill_tok_s"
+KEY_CACHE = "engine.flags.expert-cache"
+KEY_RESERVE = "engine.flags.vram-reserve-mib"
+KEY_PREFILL = "engine.flags.prefill"
+KEY_OWN = "engine.env.STRATA_PREFILL_OWN_AUTO"
+KEY_NO_BORROW = "engine.flags.no-prefill-borrow"
+KEY_HEADROOM = "engine.env.STRATA_RESIDENT_HEADROOM_GIB"
+KEY_CONV = "engine.flags.conversation-cache-mib"
+KNOB_NAMES = {KEY_CACHE: "expert cache", KEY_RESERVE: "VRAM reserve (MiB)", KEY_PREFILL: "prefill chunk",
+              KEY_OWN: "own vs borrow", KEY_NO_BORROW: "own vs borrow", KEY_HEADROOM: "RAM headroom (GiB)",
+              KEY_CONV: "conversation cache (MiB)"}
+KNOB_LABELS = {(KEY_OWN, "1"): "own buffers", (KEY_OWN, "0"): "borrowed buffers",
+               (KEY_NO_BORROW, True): "own buffers", (KEY_NO_BORROW, False): "borrowed buffers"}
+
+
+def _get(data: dict, key: str):
+    node = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _values(base, *others) -> list:
+    out = [] if base is None else [base]
+    for v in others:
+        if not any(type(v) is type(u) and v == u for u in out):
+            out.append(v)
+    return out
+
+
+def knobs(data: dict) -> tuple[list[tuple[str, list]], list[tuple[str, list]]]:
+    """explore.plan's default search: (primary, secondary) knobs, the scenario's own value first."""
+    variant = (data.get("engine") or {}).get("variant")
+    cache = _get(data, KEY_CACHE) or "auto"
+    primary = [(KEY_CACHE, _values(cache, "auto", 5400) if cache == "auto" else _values(cache, "auto"))]
+    if BUILDS[variant].independent_buffers if variant in BUILDS else False:
+        primary.append((KEY_OWN, _values(_get(data, KEY_OWN), "1", "0")))
+    else:
+        primary.append((KEY_NO_BORROW, _values(_get(data, KEY_NO_BORROW) or False, True)))
+    primary.append((KEY_PREFILL, _values(_get(data, KEY_PREFILL) or "auto", 4096)))
+    secondary = [(KEY_RESERVE, _values(_get(data, KEY_RESERVE), 700, 1536)),
+                 (KEY_HEADROOM, _values(_get(data, KEY_HEADROOM), "4", "6")),
+                 (KEY_CONV, _values(_get(data, KEY_CONV), 0, 2048))]
+    return primary, secondary
+
+
+def prune(scenario) -> str | None:
+    """Why a candidate cannot fit before it runs: the reserve exceeds the VRAM free at sizing."""
+    from sim.engine.records import Domain
+
+    profile, flags = scenario.hardware_profile, scenario.engine.flags
+    record = Domain("strata", scenario.layout.name, profile.name, None).use("strata-658-weights-buffers")
+    before = profile.runtime_reserved_bytes + record.bytes() + kv_vram_bytes(flags.max_context, flags.kv_resident_cells)
+    free = profile.vram_bytes - before
+    if flags.vram_reserve_mib * MIB >= free:
+        return f"reserve {flags.vram_reserve_mib} MiB >= {free / MIB:,.0f} MiB free at sizing: no expert cache"
+    return None
+
+
+def owned_buffers(settings: dict) -> bool:
+    """Whether a candidate's settings give the prompt path buffers of its own."""
+    return settings.get(KEY_OWN) == "1" or settings.get(KEY_NO_BORROW) is True

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim import engine as engines
 from sim.errors import InputError
 
 MIB = 1 << 20
@@ -34,25 +35,9 @@ SUMMARY_KEYS = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", 
                 "ttft_s", "simulated_s", "gpu_idle_s")
 DERIVED_KEYS = ("vram_peak_mib", "vram_free_mib")
 METRICS = SUMMARY_KEYS + DERIVED_KEYS
-DEFAULT_OBJECTIVE = {"ds4": "decode_tok_s", "strata": "prefill_tok_s"}
-
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
        "=": operator.eq}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|=|>|<)\s*(\S+)\s*$")
-
-# Knob keys (sweep grid keys) and their short names in explanations.
-DS4_VARIANT = "engine.variant"
-DS4_BUDGET = "engine.flags.ssd-streaming-cache-experts"
-DS4_RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
-DS4_CHUNK = "engine.flags.prefill-chunk"
-ST_CACHE = "engine.flags.expert-cache"
-ST_RESERVE = "engine.flags.vram-reserve-mib"
-ST_PREFILL = "engine.flags.prefill"
-ST_OWN = "engine.env.STRATA_PREFILL_OWN_AUTO"
-ST_NO_BORROW = "engine.flags.no-prefill-borrow"
-ST_HEADROOM = "engine.env.STRATA_RESIDENT_HEADROOM_GIB"
-ST_CONV = "engine.flags.conversation-cache-mib"
-
 
 # ------------------------------------------------------------------------------------------- parsing
 
@@ -124,14 +109,6 @@ def _get(data: dict, key: str):
     return node
 
 
-def _values(base, *others) -> list:
-    out = [] if base is None else [base]
-    for v in others:
-        if not any(type(v) is type(u) and v == u for u in out):
-            out.append(v)
-    return out
-
-
 def _spec(key: str, values: list) -> str:
     def show(v):
         if isinstance(v, bool):
@@ -141,63 +118,15 @@ def _spec(key: str, values: list) -> str:
 
 
 def default_knobs(data: dict) -> tuple[list[tuple[str, list]], list[tuple[str, list]]]:
-    """(primary, secondary) knobs with their default candidates, the scenario's own value first.
-
-    Primary knobs are searched as a full grid; secondary ones one at a time from the best primary candidate.
-    """
-    engine = data.get("engine") or {}
-    name, variant = engine.get("name"), engine.get("variant")
-    if name == "ds4":
-        primary = []
-        if variant in ("pre-504", "pr504"):
-            primary.append((DS4_VARIANT, _values(variant, "pr504" if variant == "pre-504" else "pre-504")))
-        primary.append((DS4_BUDGET, _values(_get(data, DS4_BUDGET), "4096")))
-        secondary = [(DS4_RESERVE, _values(_get(data, DS4_RESERVE), "8", "16")),
-                     (DS4_CHUNK, _values(_get(data, DS4_CHUNK), 4096, 8192))]
-        return primary, secondary
-    cache = _get(data, ST_CACHE) or "auto"
-    primary = [(ST_CACHE, _values(cache, "auto", 5400) if cache == "auto" else _values(cache, "auto"))]
-    if variant == "fork-658":
-        primary.append((ST_OWN, _values(_get(data, ST_OWN), "1", "0")))
-    else:
-        primary.append((ST_NO_BORROW, _values(_get(data, ST_NO_BORROW) or False, True)))
-    primary.append((ST_PREFILL, _values(_get(data, ST_PREFILL) or "auto", 4096)))
-    secondary = [(ST_RESERVE, _values(_get(data, ST_RESERVE), 700, 1536)),
-                 (ST_HEADROOM, _values(_get(data, ST_HEADROOM), "4", "6")),
-                 (ST_CONV, _values(_get(data, ST_CONV), 0, 2048))]
-    return primary, secondary
-
-
-# ------------------------------------------------------------------------------------------- pruning
+    """(primary, secondary) knobs with their default candidates, the scenario's own value first: the
+    engine's own search space (its rules' `knobs`). Primary knobs are searched as a full grid; secondary
+    ones one at a time from the best primary candidate."""
+    return engines.rules((data.get("engine") or {}).get("name")).knobs(data)
 
 
 def prune_reason(scenario) -> str | None:
-    """Why a loaded candidate cannot fit (the engines' pure memory planners), else None."""
-    eng = scenario.engine
-    vram_total = scenario.hardware_profile.vram_bytes
-    if eng.name == "ds4":
-        from sim.engine import ds4_plan
-        from sim.engine.ds4 import resident_set
-
-        try:
-            reserve = ds4_plan.vram_reserve_bytes(
-                getattr(eng.env, "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", None), vram_total)
-            free = vram_total - resident_set(scenario.layout).vram_bytes
-        except (InputError, TypeError, AttributeError, ValueError):
-            return None
-        if free <= 0:
-            return None
-        budget = ds4_plan.live_budget(1, 1, free, reserve)
-        if budget.disabled:
-            return f"reserve {reserve / GIB:.1f} GiB >= {free / GIB:.1f} GiB free before the cache: no expert cache"
-        return None
-    from sim.engine.strata import NON_EXPERT_VRAM_BYTES
-
-    free = vram_total - NON_EXPERT_VRAM_BYTES
-    reserve = eng.flags.vram_reserve_mib * MIB
-    if reserve >= free:
-        return f"reserve {eng.flags.vram_reserve_mib} MiB >= {free / MIB:,.0f} MiB free at sizing: no expert cache"
-    return None
+    """Why a loaded candidate cannot fit (the engine's pure memory rules), else None."""
+    return engines.rules(scenario.engine.name).prune(scenario)
 
 
 # ----------------------------------------------------------------------------------------------- runs
@@ -362,7 +291,7 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
     Raises InputError for bad input, NoFeasiblePlan when no candidate meets the constraints.
     """
     from sim.explore.sweep import parse_grid
-    from sim.model.hardware import read_toml
+    from sim.schema import read_toml
     from sim.scenario import load_scenario
 
     path = str(scenario_path)
@@ -370,7 +299,7 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
     load_scenario(path)  # a bad scenario fails first, with the loader's own line
     base = read_toml(Path(path), path)
     engine = (base.get("engine") or {}).get("name")
-    key, sign = parse_objective(objective or DEFAULT_OBJECTIVE.get(engine, "decode_tok_s"))
+    key, sign = parse_objective(objective or engines.rules(engine).DEFAULT_OBJECTIVE)
     if grids:
         primary = []
         for spec in grids:
@@ -421,21 +350,12 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
 
 # ---------------------------------------------------------------------------------------- explaining
 
-LABELS = {
-    (DS4_VARIANT, "pr504"): "per-class caches (pr504)", (DS4_VARIANT, "pre-504"): "one slab (pre-504)",
-    (ST_OWN, "1"): "own buffers", (ST_OWN, "0"): "borrowed buffers",
-    (ST_NO_BORROW, True): "own buffers", (ST_NO_BORROW, False): "borrowed buffers",
-}
-NAMES = {DS4_VARIANT: "variant", DS4_BUDGET: "expert budget", DS4_RESERVE: "VRAM reserve (GiB)",
-         DS4_CHUNK: "prefill chunk", ST_CACHE: "expert cache", ST_RESERVE: "VRAM reserve (MiB)",
-         ST_PREFILL: "prefill chunk", ST_OWN: "own vs borrow", ST_NO_BORROW: "own vs borrow",
-         ST_HEADROOM: "RAM headroom (GiB)", ST_CONV: "conversation cache (MiB)"}
 UNITS = {"decode_tok_s": "tok/s decode", "prefill_tok_s": "tok/s prefill", "ttft_s": "s TTFT",
          "vram_free_mib": "MiB VRAM free", "file_blob_reads": "file-blob reads"}
 
 
-def _label(key: str, value) -> str:
-    return LABELS.get((key, value), f"{key.rsplit('.', 1)[-1]}={value}")
+def _label(plan: "Plan", key: str, value) -> str:
+    return engines.rules(plan.engine).KNOB_LABELS.get((key, value), f"{key.rsplit('.', 1)[-1]}={value}")
 
 
 def _num(value, metric: str) -> str:
@@ -460,15 +380,15 @@ def explain(plan: Plan) -> list[str]:
     for knob in plan.knobs:
         alts = [c for c in plan.candidates if c is not best and c.settings.get(knob) != best.settings.get(knob)
                 and all(c.settings.get(k) == best.settings.get(k) for k in plan.knobs if k != knob)]
-        name = NAMES.get(knob, knob)
-        chosen = _label(knob, best.settings.get(knob))
+        name = engines.rules(plan.engine).KNOB_NAMES.get(knob, knob)
+        chosen = _label(plan, knob, best.settings.get(knob))
         keep = " (the scenario's own)" if plan.base_settings.get(knob) == best.settings.get(knob) else ""
         if not alts:
             lines.append(f"{name}: {chosen}{keep}: no alternative was run")
             continue
         parts = []
         for alt in alts:
-            other = _label(knob, alt.settings.get(knob))
+            other = _label(plan, knob, alt.settings.get(knob))
             if not alt.ran:
                 parts.append(f"{other} {'cannot fit: ' + alt.pruned if alt.pruned else 'failed: ' + str(alt.error)}")
                 continue
@@ -496,17 +416,17 @@ def _compare(best: Candidate, alt: Candidate, other: str, key: str, plan: Plan) 
         text += " with " + ", ".join(extra)
     if alt.violations:
         text += f"; {other} misses {', '.join(alt.violations)}"
-    if best.settings != alt.settings and _owns(best) and not _owns(alt):
+    if best.settings != alt.settings and _owns(plan, best) and not _owns(plan, alt):
         text += (f"; {b['prefill_buffer_mib']:,.0f} MiB of spare VRAM pays for the owned buffers "
                  f"({b['vram_free_mib']:,.0f} MiB still free)")
     return text
 
 
-def _owns(c: Candidate) -> bool:
+def _owns(plan: "Plan", c: Candidate) -> bool:
     m = c.metrics or {}
     return (m.get("lent_slots") == 0 and (m.get("prefill_buffer_mib") or 0) > 0
-            and (c.settings.get(ST_OWN) == "1" or c.settings.get(ST_NO_BORROW) is True))
+            and engines.rules(plan.engine).owned_buffers(c.settings))
 
 
-__all__ = ["Constraint", "DEFAULT_OBJECTIVE", "METRICS", "NoFeasiblePlan", "Plan", "default_knobs", "evaluate",
+__all__ = ["Constraint", "METRICS", "NoFeasiblePlan", "Plan", "default_knobs", "evaluate",
            "explain", "make_plan", "parse_constraint", "parse_objective", "prune_reason"]

@@ -131,12 +131,14 @@ def _field(model, name: str):
 
 def _expects_string(data: dict, parts: list[str | int]) -> bool:
     """Whether the schema wants a string at `parts` (then the grid keeps the text as typed)."""
-    from sim.scenario import Ds4Engine, ReplayEngine, Request, Scenario, StrataEngine, TraceSource
+    from sim import engine as engines
+    from sim.scenario import ReplayEngine, Request, Scenario, TraceSource
 
     head = [p for p in parts if not isinstance(p, int)]
     if len(head) == 3 and head[:2] == ["engine", "env"]:
         return True
-    engine = {"ds4": Ds4Engine, "replay": ReplayEngine}.get((data.get("engine") or {}).get("name"), StrataEngine)
+    name = (data.get("engine") or {}).get("name")
+    engine = ReplayEngine if name == "replay" else engines.rules(name if name in engines.names() else "strata").Settings
     owner = {1: {(): Scenario}, 2: {("engine",): engine, ("trace",): TraceSource},
              3: {("engine", "flags"): engine.model_fields["flags"].annotation,
                  ("workload", "requests"): Request}}.get(len(head), {}).get(tuple(head[:-1]))
@@ -222,7 +224,7 @@ def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
     A bad key or a value of the wrong type -> InputError naming them. A combination that does not load while
     its values load in others (a reserve too large for one of the GPUs, say) becomes a point with `error` set.
     """
-    from sim.model.hardware import read_toml, validate
+    from sim.schema import read_toml, validate
     from sim.scenario import Scenario, load_scenario, scenario_hash
 
     path = str(scenario_path)

@@ -17,287 +17,28 @@ write, so a reported figure is halved (hardware-and-gguf.md §1.1).
 
 from __future__ import annotations
 
-import hashlib
-import tomllib
-import types
-import typing
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, create_model, \
-    field_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from sim.errors import InputError
+from sim.schema import Quantity, Strict, display_path, is_file, parse_toml, quantity, read_bytes, safe_path, \
+    sha256_file, validate
+from sim.units import GIB, MIB
 
-GIB = 1 << 30
-MIB = 1 << 20
-KIB = 1 << 10
-# "[S] ...", "[M] ...", "[H] ...", "[E] ...", also "[E from M]", "[M/H]", "[E from S/H]".
-_TAGS = "SMHE"
 REPO_SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-
-
-# ------------------------------------------------------------------------------- shared TOML plumbing
-
-
-class Strict(BaseModel):
-    """Base of every scenario/profile table: unknown keys and silent type coercions are errors."""
-
-    # protected_namespaces=(): a scenario key may start with "model_" (model_class); pydantic < 2.10 warns on
-    # such fields at import, which would break the one-line error promise on stderr.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
-                              populate_by_name=False, protected_namespaces=())
-    # How an unknown key of this table is called in errors ("ds4 flag", "key", ...).
-    KEY_KIND: ClassVar[str] = "key"
-
-
-def safe_path(where: str, field: str, text: object) -> None:
-    """Refuse path text the OS cannot take (a NUL byte) before any Path call sees it."""
-    if not isinstance(text, str) or not text or "\x00" in text:
-        raise InputError(where, field, text, "must be a non-empty path without NUL characters")
-
-
-def read_bytes(path: Path, where: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(where, "path", str(path), "no such file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(where, "path", str(path), f"unreadable: {type(exc).__name__}") from None
-
-
-def parse_toml(raw: bytes, where: str) -> dict:
-    """Parse TOML bytes; every failure is an InputError naming `where`."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(where, "encoding", f"byte {exc.start}", "a TOML file must be UTF-8") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(where, "toml", " ".join(str(exc).split()), "not valid TOML") from None
-    except RecursionError:
-        raise InputError(where, "toml", "nesting", "too deeply nested") from None
-
-
-def read_toml(path: Path, where: str | None = None) -> dict:
-    """Parse a TOML file; every failure is an InputError naming the file."""
-    where = where or str(path)
-    return parse_toml(read_bytes(path, where), where)
-
-
-def display_path(path: Path) -> str:
-    """`path` relative to the working folder when it lies below it (what users type), else absolute."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Strip Annotated[...] and Optional[...] down to the one type that matters for walking a loc."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-            if len(args) == 1:
-                annotation = args[0]
-            elif models and len(models) == len(args):
-                return tuple(models)  # a tagged union of tables
-            else:
-                return annotation
-        else:
-            return annotation
-
-
-def _field_by_key(model: type[BaseModel], key: str):
-    for name, info in model.model_fields.items():
-        if (info.alias or name) == key:
-            return info
-    return None
-
-
-def _walk(root: type[BaseModel], loc: tuple) -> Any:
-    """The annotation found at `loc` (a pydantic error location) below `root`, or None."""
-    current: Any = root
-    for part in loc:
-        current = _unwrap(current)
-        if isinstance(current, tuple):  # tagged union: the loc names the tag
-            current = next((m for m in current if _tag_of(m) == part), None)
-            if current is None:
-                return None
-            continue
-        origin = typing.get_origin(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            info = _field_by_key(current, str(part))
-            if info is None:
-                return None
-            current = info.annotation
-        elif origin in (list, tuple) and isinstance(part, int):
-            current = typing.get_args(current)[0]
-        elif origin is dict and isinstance(part, str):
-            current = typing.get_args(current)[1]
-        else:
-            return None
-    return _unwrap(current)
-
-
-def _tag_of(model: type[BaseModel]) -> str | None:
-    info = model.model_fields.get("name")
-    if info is not None and typing.get_origin(info.annotation) is Literal:
-        return typing.get_args(info.annotation)[0]
-    return None
-
-
-def _dotted(loc: tuple, root: type[BaseModel]) -> str:
-    """A pydantic loc as the TOML key path users wrote: a.b-c[2].d (the tags of tagged unions dropped)."""
-    out = ""
-    for i, part in enumerate(loc):
-        if isinstance(_walk(root, loc[:i]), tuple):
-            continue  # the tag pydantic puts into the loc of a tagged union
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(file)"
-
-
-def known_keys(model: type[BaseModel]) -> list[str]:
-    return [info.alias or name for name, info in model.model_fields.items()]
-
-
-def _why(err: dict, root: type[BaseModel]) -> tuple[str, object]:
-    """One short reason for one pydantic error, and the value to show."""
-    kind, ctx, loc, value = err["type"], err.get("ctx") or {}, err["loc"], err.get("input")
-    original = value
-    if kind not in ("extra_forbidden", "model_type", "model_attributes_type", "dict_type", "union_tag_invalid",
-                    "union_tag_not_found") and isinstance(value, (dict, list)):
-        value = "{...}" if isinstance(value, dict) else f"[{len(value)} item{'' if len(value) == 1 else 's'}]"
-    target = _walk(root, loc)
-    if kind == "extra_forbidden":
-        parent = _walk(root, loc[:-1])
-        if isinstance(parent, type) and issubclass(parent, BaseModel):
-            return f"unknown {parent.KEY_KIND if issubclass(parent, Strict) else 'key'}; known: " \
-                   f"{', '.join(known_keys(parent))}", value
-        return "unknown key", value
-    if kind == "missing":
-        return "required", "(missing)"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        if isinstance(target, type) and issubclass(target, Quantity):
-            unit = typing.get_args(target.model_fields["unit"].annotation)[0]
-            return (f"a number needs its source: write {{ value = {value!r}, unit = \"{unit}\", "
-                    f"source = \"[S|M|H|E] ...\" }}"), value
-        return "must be a table", value
-    if kind in ("union_tag_invalid", "union_tag_not_found"):
-        tags = ", ".join(repr(_tag_of(m)) for m in (target if isinstance(target, tuple) else ()))
-        shown = value.get("name", "(missing)") if isinstance(value, dict) else value
-        return f"must be one of {tags}", shown
-    simple = {
-        "greater_than_equal": lambda: f"must be >= {ctx.get('ge')}",
-        "greater_than": lambda: f"must be > {ctx.get('gt')}",
-        "less_than_equal": lambda: f"must be <= {ctx.get('le')}",
-        "less_than": lambda: f"must be < {ctx.get('lt')}",
-        "int_type": lambda: "must be an integer",
-        "float_type": lambda: "must be a number",
-        "finite_number": lambda: "must be a finite number",
-        "string_type": lambda: "must be a string",
-        "bool_type": lambda: "must be true or false",
-        "list_type": lambda: "must be an array",
-        "literal_error": lambda: f"must be {ctx.get('expected')}",
-        "too_short": lambda: f"needs at least {ctx.get('min_length')} item(s)",
-        "string_too_short": lambda: "must not be empty",
-        "string_pattern_mismatch": lambda: ("must start with a provenance tag, [S] spec, [M] public measurement, "
-                                            "[H] this project's measurement or [E] estimate (also e.g. "
-                                            "[E from M]), then a space and the note"
-                                            if loc and loc[-1] == "source" else f"must match {ctx.get('pattern')}"),
-        "value_error": lambda: str(ctx.get("error", err["msg"])),
-    }
-    if kind in simple:
-        why = simple[kind]()
-        if kind.endswith("_type") and original is not None:
-            why += f", not {_toml_type(original)}"
-            value = repr(original) if isinstance(original, str) else value
-        return why, value
-    return " ".join(err["msg"].split()), value
-
-
-def _toml_type(value: object) -> str:
-    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
-                       (dict, "a table"), (list, "an array")):
-        if isinstance(value, kind):
-            return name
-    return type(value).__name__
-
-
-def input_error(where: str, exc: ValidationError, root: type[BaseModel]) -> InputError:
-    """The first pydantic error of `exc` as a one-line InputError: file, dotted key path, value, why."""
-    err = exc.errors(include_url=False)[0]
-    why, value = _why(err, root)
-    path = _dotted(err["loc"], root)
-    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        path += ".name"
-    return InputError(where, path, value, why)
-
-
-def validate(where: str, model: type[BaseModel], data: object):
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise input_error(where, exc, model) from None
-    except RecursionError:
-        raise InputError(where, "(file)", "nesting", "too deeply nested") from None
-
-
-# ------------------------------------------------------------------------------------------ quantities
-
-_SOURCE_PATTERN = rf"^\[[{_TAGS}](/[{_TAGS}])*( from [{_TAGS}](/[{_TAGS}])*)?\] \S.*"
-
-
-class Quantity(Strict):
-    """One sourced number. Subclasses fix the unit and the admissible range (see `quantity`)."""
-
-    value: float
-    unit: str
-    source: str = Field(pattern=_SOURCE_PATTERN, min_length=8)
-    calibrated: bool = False
-    derivation: str | None = Field(default=None, min_length=1, validate_default=True)
-
-    @field_validator("derivation", mode="after")
-    @classmethod
-    def _calibrated_needs_derivation(cls, derivation: str | None, info: ValidationInfo) -> str | None:
-        if info.data.get("calibrated") and not derivation:
-            raise ValueError("calibrated = true needs a derivation saying how the figure was obtained")
-        return derivation
-
-    @field_validator("value", mode="after")
-    @classmethod
-    def _as_float(cls, value: float) -> float:
-        return float(value)  # 96 and 96.0 must hash alike
-
-
-@lru_cache(maxsize=None)
-def quantity(unit: str, *, gt: float | None = None, ge: float | None = None, extra: tuple = ()) -> type[Quantity]:
-    """A Quantity subclass whose unit must be `unit` and whose value obeys gt/ge."""
-    fields: dict[str, Any] = {
-        "value": (Annotated[float, Field(gt=gt, ge=ge)], ...),
-        "unit": (Literal[unit], ...),
-    }
-    for name, annotation in extra:
-        fields[name] = (annotation, ...)
-    safe = "".join(c if c.isalnum() else "_" for c in unit)
-    return create_model(f"Quantity_{safe}", __base__=Quantity, **fields)
 
 
 GBps = quantity("GB/s", gt=0)
 Micros = quantity("us", ge=0)
 MicrosPerGiB = quantity("us/GiB", ge=0)
 GiBs = quantity("GiB", gt=0)
+GiBsOrZero = quantity("GiB", ge=0)
+MiBs = quantity("MiB", ge=0)
 KiBs = quantity("KiB", gt=0)
+Threads = quantity("threads", ge=1)
 # One point of the SSD table: the read bandwidth reached at `queue_depth` requests in flight.
 SsdPoint = quantity("GB/s", gt=0, extra=(("queue_depth", Annotated[int, Field(ge=1)]),))
 
@@ -307,15 +48,34 @@ SsdPoint = quantity("GB/s", gt=0, extra=(("queue_depth", Annotated[int, Field(ge
 
 class Gpu(Strict):
     model: str = Field(min_length=1)
-    vram_gib: GiBs
+    vram_gib: GiBs | None = None  # device memory; absent on unified memory (the pool is host.ram_gib)
     dram_bandwidth_gbps: GBps  # spec DRAM bandwidth: what decode compute scales with
+    # What the driver and the runtime (CUDA/HIP/Metal context, WDDM's reservation) hold before the engine
+    # allocates anything: device memory on a discrete card, the shared pool on unified memory.
+    runtime_reserved_mib: MiBs
 
 
 class Host(Strict):
     cpu: str = Field(min_length=1)
-    ram_gib: GiBs
+    hardware_threads: Threads  # what engines size their thread pools from (Strata's stagers: hw / 4)
+    ram_gib: GiBs  # host RAM; on unified memory the whole pool the GPU shares
+    # RAM the OS, its desktop and other processes hold while the engine runs: neither the engine nor the
+    # page cache can have it.
+    os_reserved_gib: GiBsOrZero
     # Single-thread copy from the page cache into pinned staging (a buffered pread): the RAM side of a miss.
     memcpy_gbps: GBps
+    # DRAM read bandwidth the whole host reaches: what CPU copies (2 bytes of traffic per byte copied) and the
+    # copy engines' DMA share (sim/machine/servers.py SharedBandwidth).
+    dram_bandwidth_gbps: GBps
+
+
+class Unified(Strict):
+    """One memory pool for CPU and GPU (GB10 / DGX Spark, Strix Halo, Apple M-series): the expert cache, the
+    page cache and every process share host.ram_gib; a host -> device "copy" is a copy inside the pool."""
+
+    gpu_allocatable_gib: GiBs  # the most of the pool the GPU may hold (GTT limit, recommendedMaxWorkingSetSize)
+    copy_gbps: GBps  # bytes copied per second by a copy inside the pool
+    copy_fixed_latency_us: Micros
 
 
 class Pcie(Strict):
@@ -326,9 +86,6 @@ class Pcie(Strict):
     d2h_pageable_gbps: GBps
     # t(copy) = copy_fixed_latency_us + bytes / rate (hardware-and-gguf.md §0 rule 2)
     copy_fixed_latency_us: Micros
-    # Measured effective rate of an engine's stager path (pageable blobs memcpy'd into pinned buffers, then
-    # DMA'd), where one is known for this box; otherwise engines derive it from the figures above.
-    stager_stream_gbps: GBps | None = None
 
 
 class Ssd(Strict):
@@ -367,16 +124,22 @@ class Compute(Strict):
 
     decode_us_per_token_layer: Micros
     prefill_us_per_token_layer: Micros
+    # A batched prompt chunk's fixed cost per layer (kernel launches, per-chunk setup), on top of the
+    # per-token cost: short chunks pay it over fewer tokens. Unset = 0, the per-token figure is all-in.
+    prefill_us_per_chunk_layer: Micros | None = None
 
 
 class HardwareProfile(Strict):
     name: str = Field(min_length=1)
     description: str = Field(min_length=1)
-    os: Literal["linux", "windows"]  # windows means WDDM: slower and jittery RAM<->GPU transfers
-    calibration: str | None = None  # path, relative to this file, of a calibration record (format: later)
+    os: Literal["linux", "windows", "macos"]  # windows means WDDM: slower and jittery RAM<->GPU transfers
+    # discrete: a GPU with its own memory behind PCIe; unified: one pool for CPU and GPU ([unified] table)
+    memory: Literal["discrete", "unified"] = "discrete"
+    calibration: str | None = None  # path, relative to this file, of a GPU calibration file (expertsim calibrate)
     gpu: Gpu
     host: Host
-    pcie: Pcie
+    pcie: Pcie | None = None  # discrete memory only
+    unified: Unified | None = None  # unified memory only
     ssd: Ssd
     d2d: D2d
     latency: Latency
@@ -403,9 +166,54 @@ class HardwareProfile(Strict):
     def wddm(self) -> bool:
         return self.os == "windows"
 
+    @model_validator(mode="after")
+    def _memory_kind(self) -> "HardwareProfile":
+        if self.memory == "discrete":
+            missing = [key for key, v in (("gpu.vram_gib", self.gpu.vram_gib), ("[pcie]", self.pcie)) if v is None]
+            if missing:
+                raise ValueError(f"a discrete GPU needs {' and '.join(missing)}")
+            if self.unified is not None:
+                raise ValueError('[unified] belongs to memory = "unified" profiles only')
+        else:
+            if self.unified is None:
+                raise ValueError('memory = "unified" needs a [unified] table')
+            if self.gpu.vram_gib is not None or self.pcie is not None:
+                raise ValueError('memory = "unified" has no gpu.vram_gib nor [pcie]: the pool is host.ram_gib')
+            if self.unified.gpu_allocatable_gib.value > self.host.ram_gib.value:
+                raise ValueError("unified.gpu_allocatable_gib exceeds the pool (host.ram_gib)")
+        return self
+
+    @property
+    def is_unified(self) -> bool:
+        return self.memory == "unified"
+
     @property
     def vram_bytes(self) -> int:
+        """Device memory the GPU can hold: its VRAM, or on unified memory the share of the pool it may take."""
+        if self.is_unified:
+            return int(round(self.unified.gpu_allocatable_gib.value * GIB))
         return int(round(self.gpu.vram_gib.value * GIB))
+
+    @property
+    def runtime_reserved_bytes(self) -> int:
+        return int(round(self.gpu.runtime_reserved_mib.value * MIB))
+
+    @property
+    def os_reserved_bytes(self) -> int:
+        return int(round(self.host.os_reserved_gib.value * GIB))
+
+    def copy_rates(self) -> dict:
+        """Host <-> device copy figures, bytes/s and s: PCIe on a discrete card, a copy inside the pool on
+        unified memory (pinned and pageable alike: there is no bus to cross)."""
+        if self.is_unified:
+            u = self.unified
+            rate, lat = u.copy_gbps.value * 1e9, u.copy_fixed_latency_us.value * 1e-6
+            return {"h2d_pinned": rate, "d2h_pinned": rate, "h2d_pageable": rate, "d2h_pageable": rate,
+                    "latency_s": lat}
+        c = self.pcie
+        return {"h2d_pinned": c.h2d_pinned_gbps.value * 1e9, "d2h_pinned": c.d2h_pinned_gbps.value * 1e9,
+                "h2d_pageable": c.h2d_pageable_gbps.value * 1e9, "d2h_pageable": c.d2h_pageable_gbps.value * 1e9,
+                "latency_s": c.copy_fixed_latency_us.value * 1e-6}
 
     @property
     def ram_bytes(self) -> int:
@@ -454,6 +262,27 @@ class HardwareProfile(Strict):
         return {"profile": self.model_dump(mode="json"), "calibration_sha256": self.calibration_sha256}
 
 
+# The GPU calibration file's identity (written by sim.calibrate.fileformat): a profile refuses a file of another
+# schema or version when it loads, before any run reads its numbers.
+CALIBRATION_SCHEMA = "expertsim-calibration"
+CALIBRATION_SCHEMA_VERSION = 1
+
+
+def check_calibration_header(path: Path, where: str) -> None:
+    import json
+
+    try:
+        record = json.loads(read_bytes(path, where))
+    except (ValueError, UnicodeDecodeError):
+        raise InputError(where, "path", str(path), "not a JSON calibration file") from None
+    if not isinstance(record, dict) or record.get("schema") != CALIBRATION_SCHEMA:
+        raise InputError(where, "schema", record.get("schema") if isinstance(record, dict) else None,
+                         f"not an {CALIBRATION_SCHEMA} file")
+    if record.get("schema_version") != CALIBRATION_SCHEMA_VERSION:
+        raise InputError(where, "schema_version", record.get("schema_version"),
+                         f"this expertsim reads version {CALIBRATION_SCHEMA_VERSION}")
+
+
 def _is_bare_name(ref: str) -> bool:
     return "/" not in ref and "\\" not in ref and not ref.endswith(".toml")
 
@@ -466,14 +295,6 @@ def hardware_search_dirs(start: Path) -> list[Path]:
         dirs += [folder / "hardware", folder / "scenarios" / "hardware"]
     dirs.append(REPO_SCENARIOS / "hardware")
     return list(dict.fromkeys(dirs))
-
-
-def is_file(path: Path) -> bool:
-    """Path.is_file() that says False instead of raising for names the OS refuses (too long, say)."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
 
 
 def resolve_hardware(ref: str, base: Path, where: str, field: str = "hardware") -> Path:
@@ -512,9 +333,7 @@ def load_hardware_file(path: Path) -> HardwareProfile:
         cal = cal if cal.is_absolute() else path.parent / cal
         if not is_file(cal):
             raise InputError(where, "calibration", profile.calibration, f"no such file ({cal})")
-        from sim.calibrate.fileformat import load as load_calibration
-
-        load_calibration(cal, f"{where}: calibration")  # another schema version is an error here, not later
+        check_calibration_header(cal, f"{where}: calibration")  # another schema version is an error here
         profile._calibration_path = cal.resolve()
         profile._calibration_sha256 = sha256_file(cal)
     return profile

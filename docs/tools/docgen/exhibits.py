@@ -102,7 +102,7 @@ def _set(data: dict, dotted: str, value) -> None:
 
 def scenario_data(name: str, overrides: tuple = ()) -> dict:
     """A seed scenario's TOML data with dotted overrides applied (a value of None removes the key)."""
-    from sim.model.hardware import read_toml
+    from sim.schema import read_toml
 
     path = SCENARIOS / f"{name}.toml"
     data = copy.deepcopy(read_toml(path, str(path)))
@@ -496,27 +496,39 @@ def memory() -> Exhibit:
 
 @exhibit("io-paths")
 def io_paths() -> Exhibit:
-    """Time to bring one expert to the GPU on each path, from the links the ds4 model books on."""
-    from sim.engine.ds4 import PARTS_PER_EXPERT, Ds4Engine
-    from sim.engine.timeline import Recorder
-    from sim.engine.workload import workload_routing
+    """Time to bring one expert to the GPU on each path, on an idle machine: the machine's own figures for the
+    copies the ds4 model makes (sim/machine; each expert is 3 parts)."""
+    import simpy
+
+    from sim.engine.ds4 import PARTS_PER_EXPERT
+    from sim.engine.ds4_plan import expert_bytes
+    from sim.engine.run import extent_bytes
+    from sim.machine import Machine
     from sim.scenario import load_scenario
 
     path = SCENARIOS / "ds4-504-per-class.toml"
     scenario = load_scenario(path)
-    engine = Ds4Engine(scenario, workload_routing(scenario), Recorder())
-    links = engine.links
+    machine = Machine(simpy.Environment(), scenario.hardware_profile, extent_bytes(scenario.layout))
     parts = PARTS_PER_EXPERT
-    sizes = {"q2": int(engine.class_bytes[0]), "q4": int(engine.class_bytes[1])}
+    classes = {}
+    for x in scenario.layout.layers:
+        classes.setdefault((x.gate_bytes, x.down_bytes), expert_bytes(x.gate_bytes, x.down_bytes))
+    sizes = dict(zip(("q2", "q4"), classes.values()))
+    ssd = machine.ssd
+    sync_s = machine.sync_s
 
-    def ms(*terms) -> float:
-        return 1e3 * sum(link.cost_s(n_bytes, parts) for link, n_bytes in terms)
+    def ssd_qd1_s(n_bytes: int) -> float:  # one reader: parts one after another at queue depth 1
+        return parts * (ssd.latency_s + n_bytes / parts / ssd.rate_at(1))
+
+    def ms(seconds: float) -> float:
+        return 1e3 * seconds
 
     paths = {
-        "hit: D2D copy slab -> staging": lambda b: ms((links["d2d"], b)),
-        "miss from pinned RAM (H2D only)": lambda b: ms((links["h2d"], b), (links["sync"], 0)),
-        "miss from the page cache": lambda b: ms((links["memcpy"], b), (links["h2d"], b), (links["sync"], 0)),
-        "miss from the SSD, O_DIRECT QD1": lambda b: ms((links["file"], b), (links["h2d"], b), (links["sync"], 0)),
+        "hit: D2D copy slab -> staging": lambda b: ms(parts * machine.memcpy_call_s + b / machine.d2d.bytes_per_s),
+        "miss from pinned RAM (H2D only)": lambda b: ms(machine.h2d.cost_s(b, parts) + parts * sync_s),
+        "miss from the page cache": lambda b: ms(b / machine.memcpy_bytes_per_s + machine.h2d.cost_s(b, parts)
+                                                 + parts * sync_s),
+        "miss from the SSD, O_DIRECT QD1": lambda b: ms(ssd_qd1_s(b) + machine.h2d.cost_s(b, parts) + parts * sync_s),
     }
     data = {"paths": list(paths), **{k: [fn(b) for fn in paths.values()] for k, b in sizes.items()}}
     runs = {}
@@ -535,23 +547,25 @@ def io_paths() -> Exhibit:
         "page_decode": f1(runs["page_cache"]["decode_tok_s"]), "direct_decode": f1(runs["o_direct"]["decode_tok_s"]),
         "page_prefill": f0(runs["page_cache"]["prefill_tok_s"]), "direct_prefill": f0(runs["o_direct"]["prefill_tok_s"]),
     }
-    strata = run("strata-658-own").summary["engine_state"]["stream_gbps"]
-    numbers.update({"strata_stager_gbps": f1(strata["pageable_stager"]), "strata_pinned_gbps": f1(strata["pinned_dma"])})
+    strata = run("strata-658-own").summary["engine_state"]
+    box = load_scenario(SCENARIOS / "strata-658-own.toml").hardware_profile
+    numbers.update({"strata_stager_gbps": f1(strata["stager_threads"] * box.host.memcpy_gbps.value),
+                    "strata_pinned_gbps": f1(box.pcie.h2d_pinned_gbps.value)})
     fig = svg.bar_chart("ms to bring one expert (3 parts) to the compute buffer, RTX PRO 6000 profile",
                         ["D2D hit", "pinned RAM", "page cache", "SSD O_DIRECT"],
                         [{"name": f"q2 expert ({sizes['q2'] / MIB:.2f} MiB)", "values": data["q2"]},
                          {"name": f"q4 expert ({sizes['q4'] / MIB:.2f} MiB)", "values": data["q4"]}],
                         "ms per expert", horizontal=True,
-                        note="Link.cost_s of the ds4 model's links, scenarios/hardware/rtx-pro-6000-96gb.toml")
+                        note="the machine's figures on an idle machine (sim/machine), rtx-pro-6000-96gb.toml")
     return Exhibit({"scenario": "scenarios/ds4-504-per-class.toml",
                     "hardware": "scenarios/hardware/rtx-pro-6000-96gb.toml",
-                    "function": "sim.engine.ds4.Ds4Engine(...).links[...].cost_s"},
+                    "function": "sim.machine.Machine: Server.cost_s, Ssd.rate_at"},
                    data, numbers, {"io-paths": fig})
 
 
 # ------------------------------------------------------------------------------------------ links
 
-LINK_NAMES = {"PCIe H2D (copy stream)": "PCIe H2D"}
+LINK_NAMES = {"H2D copy engine (PCIe)": "PCIe H2D", "GPU compute stream": "GPU compute", "host DRAM": "host memcpy"}
 
 
 @exhibit("links")
@@ -607,7 +621,7 @@ def ds4_504() -> Exhibit:
                      "decode_hit_rate": s["decode_hit_rate"], "cache_slots_per_class": st["cache_slots_per_class"],
                      "size_changes": st["slab_size_changes"], "flushes": st["flushes_per_pool"],
                      "notices": len(st["notices"]), "belady": s["belady_decode_hit_rate"],
-                     "host_calls_s": next(l["busy_s"] for l in s["links"] if l["link"] == "host calls"),
+                     "host_calls_s": sum(l["busy_s"] for l in s["links"] if l["link"].startswith("ds4 ")),
                      "simulated_s": s["simulated_s"]}
         key = arm.replace("-", "_")
         numbers.update({f"{key}_decode_tok_s": f1(s["decode_tok_s"]), f"{key}_prefill_tok_s": f0(s["prefill_tok_s"]),

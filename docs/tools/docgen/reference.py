@@ -246,7 +246,7 @@ def hardware_schema() -> str:
 
 def seed_scenarios() -> str:
     """The committed scenarios with the first line of their `# Scenario:` header and their engine."""
-    from sim.model.hardware import read_toml
+    from sim.schema import read_toml
 
     rows = []
     for path in sorted((ROOT / "scenarios").glob("*.toml")):

@@ -1,0 +1,136 @@
+"""The simulated machine: the resources an engine's processes issue work to and wait on.
+
+    gpu        the GPU's compute stream (the legacy default stream of ds4's CUDA path): a FIFO server
+    h2d, d2h   the copy engines (PCIe DMA; on unified memory a copy inside the pool)
+    d2d        device-to-device copies issued on their own (the engines' D2D on the default stream hold
+               `gpu` instead: the legacy stream serialises them with the kernels)
+    dram       host DRAM bandwidth, shared by the CPU's copies (a copy reads and writes) and the DMA of the copy
+               engines; on unified memory the GPU's own copies too
+    ssd        the drive, shared by every read in flight (sim/machine/storage.py)
+    page_cache the OS page cache of the model files, sized by the RAM nobody holds
+    memory     who holds which bytes: device memory and host RAM, one pool on unified memory
+    threads()  host threads an engine creates (its main thread, a loader, a pread pool, stager threads)
+
+Every server logs its busy intervals (links.parquet, the report's lanes). The machine knows nothing of the
+engines: they take what they need from it (docs/design.md has the picture).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from sim.machine.servers import Server, SharedBandwidth
+from sim.machine.storage import PageCache, Ssd
+from sim.units import KIB
+
+__all__ = ["Machine", "Memory", "PageCache", "Server", "SharedBandwidth", "Ssd"]
+
+
+class Memory:
+    """Allocations by name in device memory ("vram") and host RAM ("ram"), with the page cache's capacity
+    following what is left of RAM. On unified memory both names are one pool: a GPU allocation shrinks the
+    page cache too, and the GPU may hold at most the profile's gpu_allocatable share of the pool."""
+
+    def __init__(self, profile, page_cache: PageCache | None = None):
+        self.unified = profile.is_unified
+        self.vram_total = profile.vram_bytes
+        self.ram_total = profile.ram_bytes
+        self.os_reserved = profile.os_reserved_bytes
+        self.held: dict[tuple[str, str], int] = {}
+        self.page_cache = page_cache
+        self.peak = {"vram": 0, "ram": 0}
+        self._resize_page_cache()
+
+    def set(self, pool: str, name: str, n_bytes: int) -> None:
+        """The allocation `name` in `pool` is now n_bytes (0 frees it)."""
+        if n_bytes:
+            self.held[(pool, name)] = int(n_bytes)
+        else:
+            self.held.pop((pool, name), None)
+        self.peak[pool] = max(self.peak[pool], self.used(pool))
+        self._resize_page_cache()
+
+    def get(self, pool: str, name: str) -> int:
+        return self.held.get((pool, name), 0)
+
+    def used(self, pool: str) -> int:
+        return sum(n for (p, _), n in self.held.items() if p == pool)
+
+    def vram_free(self) -> int:
+        """What cudaMemGetInfo reports free: device memory nobody holds. On unified memory the pool's free
+        part, page cache included (the OS reclaims it on demand), within the GPU's allocatable share."""
+        gpu_free = self.vram_total - self.used("vram")
+        if not self.unified:
+            return gpu_free
+        return max(0, min(gpu_free, self.ram_total - self.os_reserved - self.used("vram") - self.used("ram")))
+
+    def ram_available(self) -> int:
+        """What the OS reports available (MemAvailable / ullAvailPhys): RAM nobody holds, page cache included."""
+        taken = self.os_reserved + self.used("ram") + (self.used("vram") if self.unified else 0)
+        return max(0, self.ram_total - taken)
+
+    def _resize_page_cache(self) -> None:
+        if self.page_cache is not None:
+            self.page_cache.set_capacity(self.ram_available())
+
+    def allocations(self) -> list[dict]:
+        return [{"pool": p, "name": n, "bytes": b} for (p, n), b in sorted(self.held.items())]
+
+
+class Machine:
+    """One machine built from a hardware profile for one run (fresh state every run)."""
+
+    def __init__(self, env: simpy.Environment, profile, extent_bytes: np.ndarray):
+        self.env, self.profile = env, profile
+        rates = profile.copy_rates()
+        self.rates = rates
+        self.unified = profile.is_unified
+        link = "in-pool copies" if self.unified else "PCIe"
+        self.dram = SharedBandwidth(env, "host DRAM", profile.host.dram_bandwidth_gbps.value * 1e9)
+        # a DMA over PCIe reads (or writes) host DRAM once per byte; a copy inside a unified pool does both
+        traffic = 2.0 if self.unified else 1.0
+        self.gpu = Server(env, "GPU compute stream")
+        self.h2d = Server(env, f"H2D copy engine ({link})", bytes_per_s=rates["h2d_pinned"],
+                          op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic)
+        self.d2h = Server(env, f"D2H copy engine ({link})", bytes_per_s=rates["d2h_pinned"],
+                          op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic)
+        lat = profile.latency
+        self.d2d = Server(env, "D2D copies", bytes_per_s=profile.d2d.copy_gbps.value * 1e9,
+                          op_latency_s=lat.memcpy_call_us.value * 1e-6)
+        ssd = profile.ssd
+        self.ssd = Ssd(env, "SSD", [(p.queue_depth, p.value * 1e9) for p in ssd.read_gbps_by_queue_depth],
+                       ssd.read_request_kib.value * KIB, ssd.request_latency_us.value * 1e-6,
+                       ssd.max_request_kib.value * KIB)
+        self.page_cache = PageCache(extent_bytes, 0)
+        self.memory = Memory(profile, self.page_cache)
+        self.memcpy_bytes_per_s = profile.host.memcpy_gbps.value * 1e9
+        self.sync_s = lat.device_sync_us.value * 1e-6
+        self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
+        self.kernel_launch_s = lat.kernel_launch_us.value * 1e-6
+        self._servers: list = [self.gpu, self.h2d, self.d2h, self.d2d, self.ssd, self.dram]
+
+    def threads(self, name: str, n: int = 1) -> Server:
+        """A pool of n host threads of the engine (a FIFO server with n lanes)."""
+        server = Server(self.env, name, lanes=n)
+        self._servers.append(server)
+        return server
+
+    def memcpy(self, thread: Server, n_bytes: float, n_threads: int = 1, kind: str = "memcpy"):
+        """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job
+        of twice the bytes (read + write), each thread at most the profile's one-thread copy rate. A process:
+        `yield from machine.memcpy(...)`; the thread server logs the copy."""
+        start = self.env.now
+        yield self.dram.transfer(2 * n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind)
+        thread.record(start, self.env.now, n_bytes, 1, kind)
+
+    def alloc_seconds(self, n_bytes: int, release: bool) -> float:
+        """cudaMalloc / cudaFree of n_bytes, host time (the profile's fixed + per-GiB fit)."""
+        lat = self.profile.latency
+        if release:
+            return (lat.cuda_free_us.value + lat.cuda_free_us_per_gib.value * n_bytes / 2**30) * 1e-6
+        return (lat.cuda_malloc_us.value + lat.cuda_malloc_us_per_gib.value * n_bytes / 2**30) * 1e-6
+
+    def servers(self) -> list:
+        """Every resource with a busy log, in a stable order (links.parquet, the report)."""
+        return [s for s in self._servers if s.log]

@@ -1,0 +1,208 @@
+"""FIFO servers: a GPU stream, a copy engine, a pool of host threads.
+
+A server serves jobs in the order they arrive, each on the first of its `lanes` to become free. An engine
+process asks for a job *at the simulated time it issues it* and waits on the event it gets back; a job
+issued while the server is busy waits behind the jobs issued before it. Queueing, overlap and stalls
+therefore come from which process waits on what, never from arithmetic inside one process.
+
+Why not `simpy.Resource`: every job of these servers has a service time known when it is issued, and
+for such jobs a FIFO resource is exactly "start = max(now, first free lane), end = start + service time".
+simpy.Resource needs three events per job (request, timeout, release) where this needs one (the end);
+the engines issue hundreds of thousands of jobs per run, so the saving is the difference between a seed
+scenario in under a second and one in several (docs/design.md). Work whose duration is *not* known when
+it starts (a read that shares an SSD with other reads) lives in sim/machine/storage.py instead.
+
+Each job is logged as one busy interval (start_s, end_s, bytes, ops, kind): links.parquet, the report's
+lanes and the Perfetto trace are drawn from these logs.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+
+class Server:
+    """`lanes` identical units serving jobs first come, first served."""
+
+    __slots__ = ("env", "name", "free_at", "busy_s", "bytes_moved", "ops", "log", "bytes_per_s", "op_latency_s",
+                 "dram", "dram_traffic")
+
+    def __init__(self, env: simpy.Environment, name: str, lanes: int = 1, bytes_per_s: float = 0.0,
+                 op_latency_s: float = 0.0, dram: "SharedBandwidth | None" = None, dram_traffic: float = 1.0):
+        if lanes < 1:
+            raise ValueError("a server needs at least one lane")
+        self.env, self.name = env, name
+        self.free_at = [0.0] * lanes
+        self.bytes_per_s, self.op_latency_s = bytes_per_s, op_latency_s
+        self.busy_s = 0.0
+        self.bytes_moved = self.ops = 0
+        self.log: list[tuple[float, float, int, int, str]] = []
+        # a copy engine reading or writing host DRAM takes dram_traffic x its rate of DRAM while a copy runs
+        self.dram, self.dram_traffic = dram, dram_traffic
+
+    @property
+    def lanes(self) -> int:
+        return len(self.free_at)
+
+    def cost_s(self, n_bytes: float, n_ops: int = 1) -> float:
+        """Service time of a copy job: a fixed cost per operation plus bytes over the server's rate."""
+        return n_ops * self.op_latency_s + (n_bytes / self.bytes_per_s if self.bytes_per_s else 0.0)
+
+    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> simpy.Event:
+        """A job of `seconds` issued now; the event fires when it is done."""
+        free = self.free_at
+        lane = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
+        now = self.env.now
+        start = free[lane] if free[lane] > now else now
+        end = start + seconds
+        free[lane] = end
+        self.busy_s += seconds
+        self.bytes_moved += int(n_bytes)
+        self.ops += n_ops
+        self.log.append((start, end, int(n_bytes), n_ops, kind))
+        if self.dram is not None and n_bytes and seconds > 0:
+            self.dram.reserve_during(start, end, self.dram_traffic * n_bytes / seconds)
+        return self.env.timeout(end - now)
+
+    def record(self, start: float, end: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> None:
+        """A job whose end another resource decided (a copy sharing DRAM): logged, and the lane busy until it
+        ended. Only for servers one process uses at a time."""
+        self.free_at[0] = max(self.free_at[0], end)
+        self.busy_s += end - start
+        self.bytes_moved += int(n_bytes)
+        self.ops += n_ops
+        self.log.append((start, end, int(n_bytes), n_ops, kind))
+
+    def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy") -> simpy.Event:
+        """A copy job: `n_ops` operations moving `n_bytes` in all."""
+        return self.hold(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind)
+
+    def drained(self) -> simpy.Event:
+        """An event at the end of every job issued so far (a stream synchronize), without a job of its own."""
+        return self.env.timeout(max(0.0, max(self.free_at) - self.env.now))
+
+    def idle_at(self) -> float:
+        """When the last issued job ends (the server is idle from then on unless more work comes)."""
+        return max(self.free_at)
+
+    def summary(self, elapsed_s: float) -> dict:
+        return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
+                "utilisation": self.busy_s / (elapsed_s * self.lanes) if elapsed_s > 0 else 0.0}
+
+    def intervals(self) -> list[tuple[float, float, int, int, str]]:
+        return list(self.log)
+
+
+class SharedBandwidth:
+    """A bandwidth every job in flight shares, such as host DRAM: copies by CPU threads are jobs of a known
+    traffic (a memcpy reads and writes: 2 bytes of traffic per byte copied) whose rate is their fair share of
+    what is left, capped by the job's own limit (one thread's copy rate), water-filling the rest; DMA engines
+    reserve their rate while they run (a copy engine streams at its link rate and the CPU copies slow down
+    around it). A job's end is re-timed whenever a job starts or ends or a reservation changes.
+    """
+
+    def __init__(self, env: simpy.Environment, name: str, bytes_per_s: float):
+        self.env, self.name, self.capacity = env, name, bytes_per_s
+        self.jobs: list[list] = []  # [traffic left, cap, event, traffic, issued_s, kind]
+        self.reserved = 0.0
+        self.updated_s = 0.0
+        self.version = 0
+        self.busy_s = 0.0  # time with a copy in flight
+        self.traffic = 0.0  # bytes of traffic, copies and DMA reservations
+        self.bytes_moved = self.ops = 0  # the copies' traffic and count
+        self.log: list[tuple[float, float, int, int, str]] = []
+        self._busy_since: float | None = None
+
+    def transfer(self, traffic_bytes: float, cap_bytes_per_s: float, kind: str = "copy") -> simpy.Event:
+        event = self.env.event()
+        if traffic_bytes <= 0:
+            event.succeed()
+            return event
+        self._advance()
+        if not self.jobs:
+            self._busy_since = self.env.now
+        self.jobs.append([float(traffic_bytes), cap_bytes_per_s, event, traffic_bytes, self.env.now, kind])
+        self.traffic += traffic_bytes
+        self.bytes_moved += int(traffic_bytes)
+        self.ops += 1
+        self._reschedule()
+        return event
+
+    def reserve_during(self, start_s: float, end_s: float, bytes_per_s: float) -> None:
+        """A DMA's traffic from start_s to end_s (its job on a copy engine is already booked)."""
+        if end_s <= start_s or bytes_per_s <= 0:
+            return
+        self.traffic += (end_s - start_s) * bytes_per_s
+        env = self.env
+        begin = env.timeout(max(0.0, start_s - env.now))
+        begin.callbacks.append(lambda _e: self._change_reserved(bytes_per_s))
+        finish = env.timeout(max(0.0, end_s - env.now))
+        finish.callbacks.append(lambda _e: self._change_reserved(-bytes_per_s))
+
+    def _change_reserved(self, delta: float) -> None:
+        self._advance()
+        self.reserved = max(0.0, self.reserved + delta)
+        self._reschedule()
+
+    def _rates(self) -> list[float]:
+        """Water-filling: each job its cap or an equal share of what the smaller caps leave."""
+        left = max(self.capacity - self.reserved, self.capacity * 1e-6)
+        order = sorted(range(len(self.jobs)), key=lambda i: self.jobs[i][1])
+        rates = [0.0] * len(self.jobs)
+        for n, i in enumerate(order):
+            share = left / (len(order) - n)
+            rates[i] = min(self.jobs[i][1], share)
+            left -= rates[i]
+        return rates
+
+    def _advance(self) -> None:
+        now = self.env.now
+        if self.jobs and now > self.updated_s:
+            for job, rate in zip(self.jobs, self._rates()):
+                job[0] -= rate * (now - self.updated_s)
+        self.updated_s = now
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if not self.jobs:
+            return
+        wait = min(max(job[0], 0.0) / rate for job, rate in zip(self.jobs, self._rates()))
+        version = self.version
+        timer = self.env.timeout(wait)
+        timer.callbacks.append(lambda _e: self._tick(version))
+
+    def _tick(self, version: int) -> None:
+        if version != self.version:
+            return
+        self._advance()
+        now = self.env.now
+        done = [job for job in self.jobs if job[0] <= 1e-3]
+        self.jobs = [job for job in self.jobs if job[0] > 1e-3]
+        for job in done:
+            self.log.append((job[4], now, int(job[3]), 1, job[5]))
+            job[2].succeed()
+        if not self.jobs and self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
+        self._reschedule()
+
+    def summary(self, elapsed_s: float) -> dict:
+        """busy_s: time with a CPU copy in flight; utilisation: all traffic (copies and DMA) over the bandwidth."""
+        return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
+                "utilisation": self.traffic / (self.capacity * elapsed_s) if elapsed_s > 0 else 0.0}
+
+    def intervals(self) -> list[tuple[float, float, int, int, str]]:
+        """The copies' busy periods (copies overlap: one interval per copy would double count)."""
+        return merge_intervals(self.log)
+
+
+def merge_intervals(log: list[tuple[float, float, int, int, str]]) -> list[tuple[float, float, int, int, str]]:
+    """Overlapping (start, end, bytes, ops, kind) jobs of a shared resource as its busy periods."""
+    merged: list[list] = []
+    for start, end, n_bytes, ops, kind in sorted(log):
+        if merged and start <= merged[-1][1]:
+            last = merged[-1]
+            last[1], last[2], last[3] = max(last[1], end), last[2] + n_bytes, last[3] + ops
+        else:
+            merged.append([start, end, n_bytes, ops, kind])
+    return [tuple(m) for m in merged]

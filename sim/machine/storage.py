@@ -1,0 +1,182 @@
+"""Storage: the SSD, whose reads share the drive, and the OS page cache of the model files.
+
+The SSD serves every read in flight at once. Its throughput depends on how many requests are in flight
+(the profile's table of bandwidth by queue depth, measured at one request size) and on the size of the
+requests: a request costs a fixed latency plus its bytes at the drive's share for it,
+
+    t(request) = L + s * Q / R(Q)          Q = requests in flight, s = request size,
+
+with L the profile's small-read latency and R(Q) the transfer rate that makes Q requests of the table's
+size reach the table's bandwidth B(Q): R(Q) = Q s_ref / (Q s_ref / B(Q) - L). So small requests are
+IOPS-bound, large ones bandwidth-bound, and a second reader slows the first: when a read arrives or ends
+the shares change, and every read in flight is re-timed (processor sharing). The table is read as an
+application's view (fio's bs and iodepth): a pread of several MiB at depth 1 is one request at depth 1,
+whatever the block layer splits it into. Page faults of a mapped file read `max_request_bytes` at a time.
+
+The page cache holds file extents (an expert's bytes in one model file) in the RAM no process uses, with
+LRU eviction (numba kernel sim.cache.kernels.byte_lru_access). Its capacity moves when the engine
+allocates or frees host memory (sim/machine/__init__.py, Memory), and on unified memory also when the GPU
+allocates: the page cache, the expert cache and the process share one pool.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from sim.cache.kernels import byte_lru_access, byte_lru_drop, byte_lru_shrink
+from sim.machine.servers import merge_intervals
+
+
+class Ssd:
+    """Reads sharing one drive (processor sharing over requests in flight)."""
+
+    def __init__(self, env: simpy.Environment, name: str, table: list[tuple[int, float]], ref_request_bytes: float,
+                 latency_s: float, max_request_bytes: float):
+        self.env, self.name = env, name
+        self.latency_s = latency_s
+        self.max_request_bytes = max_request_bytes
+        self.depths = [q for q, _ in table]
+        self.rates = [self._transfer_rate(q, b, ref_request_bytes, latency_s) for q, b in table]
+        self.jobs: list[list] = []  # [requests left, request bytes, depth, event, bytes, issued_s, reads]
+        self.updated_s = 0.0
+        self.version = 0
+        self.busy_s = 0.0
+        self.bytes_moved = self.ops = 0
+        self.log: list[tuple[float, float, int, int, str]] = []
+        self._busy_since: float | None = None
+
+    @staticmethod
+    def _transfer_rate(depth: int, bandwidth: float, ref_bytes: float, latency_s: float) -> float:
+        """R(Q) of the module docstring, bytes/s; a table point below the latency floor keeps its bandwidth."""
+        per_request_s = depth * ref_bytes / bandwidth - latency_s
+        return depth * ref_bytes / per_request_s if per_request_s > 0 else bandwidth
+
+    def rate_at(self, depth: float) -> float:
+        """R(depth): linear between table points, flat beyond them."""
+        d, r = self.depths, self.rates
+        if depth <= d[0]:
+            return r[0]
+        for q0, r0, q1, r1 in zip(d, r, d[1:], r[1:]):
+            if depth <= q1:
+                return r0 + (r1 - r0) * (depth - q0) / (q1 - q0)
+        return r[-1]
+
+    def read(self, n_bytes: float, n_reads: int = 1, depth: int = 1) -> simpy.Event:
+        """`n_reads` reads of n_bytes / n_reads each, `depth` of them in flight at a time (a reader thread is
+        depth 1; io_uring or a pool submits more). Fires when the last one is done."""
+        event = self.env.event()
+        if n_bytes <= 0 or n_reads <= 0:
+            event.succeed()
+            return event
+        self._advance()
+        if not self.jobs:
+            self._busy_since = self.env.now
+        self.jobs.append([float(n_reads), n_bytes / n_reads, depth, event, n_bytes, self.env.now, n_reads])
+        self.bytes_moved += int(n_bytes)
+        self.ops += n_reads
+        self._reschedule()
+        return event
+
+    def fault_reads(self, n_bytes: float) -> int:
+        """How many requests page faults of a mapped file make to read n_bytes (read-ahead sized)."""
+        return max(1, math.ceil(n_bytes / self.max_request_bytes))
+
+    def _rates(self) -> list[float]:
+        """Requests per second of each job."""
+        in_flight = sum(min(job[2], job[0]) for job in self.jobs)
+        share = self.rate_at(in_flight) / in_flight
+        return [min(job[2], job[0]) / (self.latency_s + job[1] / share) for job in self.jobs]
+
+    def _advance(self) -> None:
+        now = self.env.now
+        if self.jobs and now > self.updated_s:
+            for job, rate in zip(self.jobs, self._rates()):
+                job[0] -= rate * (now - self.updated_s)
+        self.updated_s = now
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if not self.jobs:
+            return
+        rates = self._rates()
+        wait = min(max(job[0], 0.0) / rate for job, rate in zip(self.jobs, rates))
+        version = self.version
+        timer = self.env.timeout(wait)
+        timer.callbacks.append(lambda _event: self._tick(version))
+
+    def _tick(self, version: int) -> None:
+        if version != self.version:
+            return  # the shares changed since this completion was scheduled
+        self._advance()
+        done = [job for job in self.jobs if job[0] <= 1e-9]
+        self.jobs = [job for job in self.jobs if job[0] > 1e-9]
+        now = self.env.now
+        for job in done:
+            self.log.append((job[5], now, int(job[4]), job[6], "read"))
+            job[3].succeed()
+        if not self.jobs and self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
+        self._reschedule()
+
+    def summary(self, elapsed_s: float) -> dict:
+        return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
+                "utilisation": self.busy_s / elapsed_s if elapsed_s > 0 else 0.0}
+
+    def intervals(self) -> list[tuple[float, float, int, int, str]]:
+        """The drive's busy periods (reads overlap: one interval per read would double count)."""
+        return merge_intervals(self.log)
+
+
+class PageCache:
+    """The OS page cache of the model's expert file extents: an LRU in bytes, `capacity_bytes` large."""
+
+    def __init__(self, extent_bytes: np.ndarray, capacity_bytes: int):
+        n = len(extent_bytes)
+        self.sizes = np.asarray(extent_bytes, np.int64)
+        self.prev = np.full(n + 1, n, np.int64)  # node n is the sentinel
+        self.next = np.full(n + 1, n, np.int64)
+        self.resident = np.zeros(n, np.bool_)
+        self.state = np.array([0, max(0, int(capacity_bytes))], np.int64)
+        self.hits = self.misses = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.state[1])
+
+    @property
+    def used_bytes(self) -> int:
+        return int(self.state[0])
+
+    def set_capacity(self, capacity_bytes: int) -> None:
+        self.state[1] = max(0, int(capacity_bytes))
+        byte_lru_shrink(self.prev, self.next, self.resident, self.sizes, self.state)
+
+    def warm(self, keys_in_read_order: np.ndarray) -> None:
+        """The files were read before the run (a previous run, the model load): the cache holds what fits,
+        the last read most recent."""
+        keys = np.ascontiguousarray(keys_in_read_order, np.int64)
+        byte_lru_access(keys, self.sizes, True, self.prev, self.next, self.resident, self.state,
+                        np.zeros(len(keys), np.bool_))
+
+    def access(self, keys: np.ndarray, insert: bool = True) -> np.ndarray:
+        """Reads of these extents through the page cache: True where the bytes were in RAM. Misses are
+        read from the drive and kept (insert) unless the reader bypasses the cache."""
+        keys = np.ascontiguousarray(keys, np.int64)
+        hit = np.zeros(len(keys), np.bool_)
+        byte_lru_access(keys, self.sizes, insert, self.prev, self.next, self.resident, self.state, hit)
+        n_hit = int(hit.sum())
+        self.hits += n_hit
+        self.misses += len(keys) - n_hit
+        return hit
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        return self.resident[np.asarray(keys, np.int64)]
+
+    def drop(self, keys: np.ndarray) -> None:
+        """posix_fadvise(DONTNEED) after a read: the extents leave the cache."""
+        byte_lru_drop(np.ascontiguousarray(keys, np.int64), self.prev, self.next, self.resident, self.sizes,
+                      self.state)

@@ -1,0 +1,238 @@
+"""The simulated machine (sim/machine): known answers for each resource, an OrderedDict oracle for the page
+cache, and the busy intervals of whole runs against their summaries."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine.run import run_scenario, write_results
+from sim.machine import Memory, PageCache, Server, SharedBandwidth, Ssd
+from sim.model.hardware import load_hardware
+from sim.scenario import load_scenario
+from sim.units import GIB, MIB
+
+
+def run(env: simpy.Environment, *procs) -> None:
+    for p in procs:
+        env.process(p)
+    env.run()
+
+
+# ------------------------------------------------------------------------------------------ FIFO servers
+
+
+def test_server_serves_first_come_first_served():
+    env = simpy.Environment()
+    s = Server(env, "link", bytes_per_s=100.0, op_latency_s=0.5)
+    ends = {}
+
+    def job(name, at, seconds):
+        yield env.timeout(at)
+        yield s.hold(seconds)
+        ends[name] = env.now
+
+    run(env, job("a", 1.0, 2.0), job("b", 2.0, 1.0), job("c", 10.0, 0.0))
+    assert ends == {"a": 3.0, "b": 4.0, "c": 10.0}  # b arrived at 2 and waited for a
+    assert s.intervals() == [(1.0, 3.0, 0, 0, "busy"), (3.0, 4.0, 0, 0, "busy"), (10.0, 10.0, 0, 0, "busy")]
+    assert s.cost_s(100, 2) == 2.0  # 2 ops x 0.5 s + 100 B at 100 B/s
+
+
+def test_lanes_serve_in_parallel():
+    env = simpy.Environment()
+    pool = Server(env, "threads", lanes=2)
+    ends = []
+
+    def job():
+        yield pool.hold(1.0)
+        ends.append(env.now)
+
+    run(env, *(job() for _ in range(3)))
+    assert sorted(ends) == [1.0, 1.0, 2.0]
+
+
+def test_drained_waits_for_queued_work_without_a_job():
+    env = simpy.Environment()
+    s = Server(env, "gpu")
+    seen = []
+
+    def proc():
+        s.hold(3.0)  # enqueued, not waited for (a kernel launch)
+        yield s.drained()
+        seen.append(env.now)
+
+    run(env, proc())
+    assert seen == [3.0] and len(s.intervals()) == 1
+
+
+# ------------------------------------------------------------------------------------------ the SSD
+
+MiB = float(MIB)
+
+
+def drive(table=((1, 2e9), (8, 8e9)), ref=MiB, latency=50e-6) -> tuple[simpy.Environment, Ssd]:
+    env = simpy.Environment()
+    return env, Ssd(env, "ssd", list(table), ref, latency, 4 * MiB)
+
+
+def test_one_reader_at_queue_depth_1_gets_the_table_bandwidth():
+    env, ssd = drive()
+    done = []
+
+    def reader():
+        yield ssd.read(100 * MiB, 100, 1)
+        done.append(env.now)
+
+    run(env, reader())
+    assert done[0] == pytest.approx(100 * MiB / 2e9, rel=1e-9)  # 100 reads of the table's size at QD1
+
+
+def test_reads_in_flight_share_the_drive_and_a_deeper_queue_helps():
+    env, ssd = drive()
+    done = {}
+
+    def reader(name, n):
+        yield ssd.read(n * MiB, n, 1)
+        done[name] = env.now
+
+    run(env, reader("a", 100), reader("b", 100))
+    alone = 100 * MiB / 2e9
+    # two QD1 readers: QD2 on the drive, faster than one after the other, slower than two drives
+    assert done["a"] == pytest.approx(done["b"]) and alone < done["a"] < 2 * alone
+    env, ssd = drive()
+    t = {}
+
+    def deep():
+        yield ssd.read(800 * MiB, 800, 8)
+        t["deep"] = env.now
+
+    run(env, deep())
+    assert t["deep"] == pytest.approx(800 * MiB / 8e9, rel=1e-9)  # QD8 reaches the table's 8 GB/s
+
+
+def test_small_reads_are_latency_bound():
+    env, ssd = drive()
+    t = {}
+
+    def reader():
+        yield ssd.read(1000 * 4096, 1000, 1)
+        t["end"] = env.now
+
+    run(env, reader())
+    assert t["end"] > 1000 * 50e-6  # 1000 reads can not beat 1000 latencies at QD1
+
+
+# ------------------------------------------------------------------------------------------ DRAM
+
+
+def test_copies_share_dram_and_dma_reservations_slow_them():
+    env = simpy.Environment()
+    dram = SharedBandwidth(env, "dram", 60.0)
+    t = {}
+
+    def copy(name, traffic, cap):
+        yield dram.transfer(traffic, cap)
+        t[name] = env.now
+
+    run(env, copy("a", 60.0, 100.0), copy("b", 60.0, 100.0))
+    assert t == {"a": pytest.approx(2.0), "b": pytest.approx(2.0)}  # 30 each
+    env = simpy.Environment()
+    dram = SharedBandwidth(env, "dram", 60.0)
+    t = {}
+
+    def capped():
+        yield dram.transfer(40.0, 20.0)  # one thread: at most 20
+        t["capped"] = env.now
+
+    def fast():
+        yield dram.transfer(80.0, 100.0)  # gets the other 40
+        t["fast"] = env.now
+
+    run(env, capped(), fast())
+    assert t["capped"] == pytest.approx(2.0) and t["fast"] == pytest.approx(2.0)
+    env = simpy.Environment()
+    dram = SharedBandwidth(env, "dram", 60.0)
+    dram.reserve_during(0.0, 1.0, 30.0)  # a DMA takes 30 for the first second
+    t = {}
+
+    def alone():
+        yield dram.transfer(60.0, 100.0)
+        t["end"] = env.now
+
+    run(env, alone())
+    assert t["end"] == pytest.approx(1.5)  # 30 in the first second, 60/s after
+
+
+# ------------------------------------------------------------------------------------------ page cache
+
+
+def test_page_cache_evicts_least_recent_bytes():
+    cache = PageCache(np.array([4, 4, 8, 2]), 10)
+    assert cache.access(np.array([0, 1])).tolist() == [False, False]
+    assert cache.access(np.array([0])).tolist() == [True]
+    assert cache.access(np.array([2])).tolist() == [False]  # 8 bytes: 1 (older) and then 0 go
+    assert cache.contains(np.array([0, 1, 2])).tolist() == [False, False, True]
+    cache.set_capacity(5)
+    assert cache.used_bytes == 0  # the 8-byte extent no longer fits
+    assert cache.access(np.array([3, 3])).tolist() == [False, True]
+    cache.drop(np.array([3]))
+    assert cache.used_bytes == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=12), capacity=st.integers(0, 40),
+       accesses=st.lists(st.integers(0, 11), max_size=80))
+def test_page_cache_equals_an_ordered_dict_lru_of_bytes(sizes, capacity, accesses):
+    keys = [a % len(sizes) for a in accesses]
+    cache = PageCache(np.array(sizes), capacity)
+    got = cache.access(np.array(keys, np.int64)).tolist() if keys else []
+    lru: OrderedDict[int, int] = OrderedDict()
+    want = []
+    for k in keys:
+        if k in lru:
+            want.append(True)
+            lru.move_to_end(k)
+            continue
+        want.append(False)
+        if sizes[k] > capacity:
+            continue
+        while sum(lru.values()) + sizes[k] > capacity:
+            lru.popitem(last=False)
+        lru[k] = sizes[k]
+    assert got == want
+    assert cache.used_bytes == sum(lru.values())
+
+
+def test_unified_memory_shares_one_pool_with_the_page_cache():
+    discrete = load_hardware("rtx-pro-6000-96gb")
+    cache = PageCache(np.full(10, GIB), 0)
+    mem = Memory(discrete, cache)
+    before = cache.capacity_bytes
+    mem.set("vram", "expert cache", 40 * GIB)
+    assert cache.capacity_bytes == before  # device memory is not host RAM
+    mem.set("ram", "pinned staging", 2 * GIB)
+    assert cache.capacity_bytes == before - 2 * GIB
+
+
+# ------------------------------------------------------------------------------------------ whole runs
+
+
+@pytest.mark.parametrize("scenario", ["scenarios/ds4-504-per-class.toml", "scenarios/strata-658-borrow.toml"])
+def test_run_intervals_match_summary(scenario, tmp_path):
+    files = write_results(run_scenario(load_scenario(scenario)), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    intervals = pd.read_parquet(files["links"])
+    assert set(intervals["link"]) <= {link["link"] for link in summary["links"]}
+    for link in summary["links"]:
+        mine = intervals[intervals["link"] == link["link"]].sort_values(["start_s", "end_s"], kind="stable")
+        assert (mine["end_s"] >= mine["start_s"]).all()
+        assert (mine["start_s"].to_numpy()[1:] >= mine["end_s"].to_numpy()[:-1] - 1e-12).all()  # no overlap
+        assert (mine["end_s"] - mine["start_s"]).sum() == pytest.approx(link["busy_s"], rel=1e-9, abs=1e-12)
+        assert mine["bytes"].sum() == link["bytes"] and mine["ops"].sum() == link["ops"]
