@@ -355,8 +355,8 @@ class Ds4:
         n_parts = PARTS_PER_EXPERT * len(experts)
         n_bytes = int(self.expert_bytes[layer]) * len(experts)
         drive = yield from self._read(thread, layer, experts)
-        yield self.m.h2d.copy(n_bytes, n_parts)
-        yield thread.hold(n_parts * self.m.sync_s, 0, n_parts, "stream sync")
+        copied = self.m.h2d.copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
+        yield thread.hold(n_parts * self.m.sync_s, 0, n_parts, "stream sync", ready_s=self.m.h2d.end_of_last())
         return drive
 
     def _pool_load(self, layer: int, experts: np.ndarray):
@@ -369,19 +369,21 @@ class Ds4:
         if jobs:
             yield env.all_of(jobs)
 
-    def _to_staging(self, thread, layer: int, n_experts: int):
+    def _to_staging(self, thread, layer: int, n_experts: int, then_s: float = 0.0, then_kind: str = ""):
         """Hand hits (and loaded experts) to the kernels (§1.5): 3 synchronous D2D cudaMemcpy each on the
         default stream (the thread waits; the copies queue behind the kernels); #605 one gather kernel; #1031
-        nothing, the kernels read the slots."""
-        if not n_experts or self.variant.hit_copy == "none":
-            return
-        n_bytes = n_experts * int(self.expert_bytes[layer])
-        rate = self.m.d2d.bytes_per_s
-        if self.variant.hit_copy == "memcpy":
-            n = PARTS_PER_EXPERT * n_experts
-            yield self.m.gpu.hold(n * self.m.memcpy_call_s + n_bytes / rate, n_bytes, n, "D2D memcpy")
-        else:
-            yield self.m.gpu.hold(self.m.kernel_launch_s + n_bytes / rate, n_bytes, 1, "D2D gather kernel")
+        nothing, the kernels read the slots. Then the thread's next call of then_s (the slot-map upload)."""
+        ready = 0.0
+        if n_experts and self.variant.hit_copy != "none":
+            n_bytes = n_experts * int(self.expert_bytes[layer])
+            rate = self.m.d2d.bytes_per_s
+            if self.variant.hit_copy == "memcpy":
+                n = PARTS_PER_EXPERT * n_experts
+                self.m.gpu.hold(n * self.m.memcpy_call_s + n_bytes / rate, n_bytes, n, "D2D memcpy")
+            else:
+                self.m.gpu.hold(self.m.kernel_launch_s + n_bytes / rate, n_bytes, 1, "D2D gather kernel")
+            ready = self.m.gpu.end_of_last()
+        yield thread.hold(then_s, 0, 1 if then_s else 0, then_kind, ready_s=ready)
 
     def _record(self, row: dict, layer: int, hits: int = 0, loaded: int = 0, direct: int = 0, handed: int = 0,
                 drive_bytes: int = 0) -> None:
@@ -421,21 +423,22 @@ class Ds4:
         else:
             drive = yield from (self._pool_load(layer, fetch) if self.pool is not None else
                                 self._load(thread, layer, fetch))
-        yield from self._to_staging(thread, layer, hits + loaded)
-        yield thread.hold(m.memcpy_call_s, 0, 1, "slot map upload")
+        yield from self._to_staging(thread, layer, hits + loaded, m.memcpy_call_s, "slot map upload")
         row.update(lookups=k, hits=hits, inserts=inserts, evictions=evictions)
         self._record(row, layer, hits, loaded, direct, hits + loaded, drive or 0)
 
     def _decode_layer(self, layer: int, experts: np.ndarray, row: dict):
-        m, env = self.m, self.m.env
+        m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
-        yield m.gpu.hold(other_s, 0, 0, "attention + router")
-        yield self.main.hold(m.sync_s, 0, 1, "device sync")
+        m.gpu.hold(other_s, 0, 0, "attention + router")  # enqueued; the main thread's sync waits for it
+        yield self.main.hold(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
         if self.overlap:
-            fetch = env.process(self._select_and_load(self.worker, layer, experts, row, routed_s))
-            shared = m.gpu.hold(shared_s, 0, 0, "shared expert")
-            yield env.all_of([fetch, shared])
-            yield self.main.hold(m.sync_s, 0, 1, "flush + join")
+            # the main thread enqueues the shared expert and joins the worker, which does the fetch meanwhile.
+            # The worker is this process: the main thread has nothing else to do until the join, and its enqueue
+            # lands on the stream before any of the worker's copies (FIFO on the stream either way).
+            m.gpu.hold(shared_s, 0, 0, "shared expert")
+            yield from self._select_and_load(self.worker, layer, experts, row, routed_s)
+            yield self.main.hold(m.sync_s, 0, 1, "flush + join", ready_s=m.gpu.idle_at())
         else:  # the synchronous path: the main thread fetches, then enqueues the shared expert
             yield from self._select_and_load(self.main, layer, experts, row, routed_s)
             m.gpu.hold(shared_s, 0, 0, "shared expert")

@@ -54,8 +54,7 @@ from sim.units import GIB, MIB
 MISSING = 0xFFFF                          # a missing routing cell (trace format)
 STAGER_THREADS_MIN, STAGER_THREADS_MAX = 2, 4   # max(2, min(4, hw / 4)), STRATA_STAGER_THREADS (§3.2)
 PINNED_STAGING_BUFFERS = 16               # the stager's kRing pinned host buffers (§3.2)
-STREAM_GROUP_BLOBS = 8                    # blobs handed on together: half the pinned ring, so staging one group
-                                          # overlaps the DMA of the one before (our event granularity)
+STREAM_GROUP_BLOBS = 16                   # blobs handed on together (our event granularity): a pinned ring's worth
 SHORT_READ_S_PER_TOKEN = 0.016            # decode-window reading of a short part, "about 16 ms/token" (§3.3)
 QSA_ATTENDED_CELLS = 2048                 # QSA reads ~2048 selected cells per query (§2.1)
 
@@ -94,6 +93,68 @@ def _env_int(where: str, text: str | None, minimum: int = 0) -> int | None:
 def session_bytes(tokens: int) -> int:
     """Bytes of a parked session or restore: K/V of `tokens` plus one running state."""
     return RUNNING_STATE_BYTES + tokens * PARKED_BYTES_PER_TOKEN
+
+
+class _ChunkCompute:
+    """The compute stream of one prompt chunk: the layers in order, each layer's experts in id order. A streamed
+    group's share is issued when the group arrives (the callback of its copy), the groups that have arrived by
+    then back to back (at most half the ring's), and a group's ring slots come back when its share is done; a
+    stretch of resident experts needs nothing to arrive. Issuing from the arrivals' callbacks keeps the stream's
+    order (copies arrive in order) with one event per share instead of a process resumed twice per group."""
+
+    def __init__(self, engine: "Strata", plans: list, layer_s: float, ring_slots: simpy.Container, request: int,
+                 step_no: int, tokens: int, routed: np.ndarray, lent: int):
+        self.e, self.plans, self.layer_s, self.ring = engine, plans, layer_s, ring_slots
+        self.request, self.step_no, self.tokens, self.routed, self.lent = request, step_no, tokens, routed, lent
+        self.layer, self.g, self.done = 0, 0, -1  # the next group to issue, and the last expert id issued
+        self.arrivals = [0] * len(plans)  # groups of each layer that have arrived
+        self.layer_start = None
+        self.last_share = None  # the event of the last share issued
+        self.finished = engine.m.env.event()  # when the chunk's last share is done
+        group = max((len(groups[0][0]) for groups in plans if groups), default=1)
+        self.batch = max(1, ring_slots.capacity // (2 * group))
+        self.cursor = [(layer, g) for layer, groups in enumerate(plans) for g in range(len(groups))]
+        self.next_arrival = 0
+
+    def arrived(self, _event) -> None:
+        layer, g = self.cursor[self.next_arrival]
+        self.next_arrival += 1
+        self.arrivals[layer] = g + 1
+        self.advance()
+
+    def _issue(self, seconds: float, slots: int) -> float:
+        gpu = self.e.m.gpu
+        start = max(self.e.m.env.now, gpu.idle_at())
+        end = gpu.hold(seconds, 0, 0, "prompt layer (experts in id order)")
+        self.last_share = end
+        if slots:
+            end.callbacks.append(lambda _e: self.ring.put(slots))
+        if self.layer_start is None:
+            self.layer_start = start
+        return start + seconds
+
+    def advance(self) -> None:
+        """Issue every share whose group has arrived, layer by layer, and record each layer that is done."""
+        E = self.e.n_experts
+        while self.layer < len(self.plans):
+            groups = self.plans[self.layer]
+            if self.g < len(groups):
+                if self.arrivals[self.layer] <= self.g:
+                    return  # the next group is still on its way
+                h = min(self.arrivals[self.layer], self.g + self.batch)
+                last = groups[h - 1][1]
+                slots = sum(len(groups[i][0]) for i in range(self.g, h))
+                self._issue(self.layer_s * (last - self.done) / E, slots)
+                self.done, self.g = last, h
+                continue
+            end = self._issue(self.layer_s * (E - 1 - self.done) / E, 0) if self.done < E - 1 else \
+                self.e.m.gpu.idle_at()
+            self.e._record_prefill_layer(self, self.layer, end)
+            self.layer, self.g, self.done, self.layer_start = self.layer + 1, 0, -1, None
+        if self.last_share is None or self.last_share.processed:
+            self.finished.succeed()
+        else:
+            self.last_share.callbacks.append(lambda _e: self.finished.succeed())
 
 
 class Strata:
@@ -431,13 +492,14 @@ class Strata:
 
     def _split_groups(self, streamed: np.ndarray, codes: np.ndarray, group: int) -> list:
         """A layer's streamed pairs (ascending ids) as groups: (ids, last expert id, counts by source)."""
-        out = []
-        for i in range(0, len(streamed), group):
-            ids = streamed[i: i + group]
-            c = codes[ids]
-            out.append((ids, int(ids[-1] % self.n_experts), int((c == RAM_PINNED).sum()),
-                        int((c == RAM_PAGEABLE).sum()), int((c == FILE).sum())))
-        return out
+        if not len(streamed):
+            return []
+        starts = np.arange(0, len(streamed), group)
+        c = codes[streamed]
+        counts = [np.add.reduceat((c == code).astype(np.int64), starts) for code in (RAM_PINNED, RAM_PAGEABLE, FILE)]
+        last = streamed[np.minimum(starts + group, len(streamed)) - 1] % self.n_experts
+        return [(streamed[i: i + group], int(last[n]), int(counts[0][n]), int(counts[1][n]), int(counts[2][n]))
+                for n, i in enumerate(starts)]
 
     def _prefill_chunk(self, request: int, step_no: int, rows: np.ndarray, ring: int):
         """One batched chunk through all layers (see the module docstring: stager, copy and compute)."""
@@ -456,72 +518,64 @@ class Strata:
             lo = layer * self.n_experts
             ids = lo + np.flatnonzero(streamed_mask[lo: lo + self.n_experts])
             plans.append(self._split_groups(ids, codes, group))
-        staged = [[env.event() for _ in groups] for groups in plans]
-        arrived = [[env.event() for _ in groups] for groups in plans]
-        env.process(self._stage(plans, staged))
-        env.process(self._copy(plans, staged, arrived, ring_slots))
-        drive_bytes = [0] * self.n_layers
-        for layer, groups in enumerate(plans):
-            start = env.now
-            blob = int(self.layer_blob[layer])
-            done = -1  # last expert id computed
-            for g, (ids, last, n_pin, n_pag, n_file) in enumerate(groups):
-                yield arrived[layer][g]
-                drive_bytes[layer] += arrived[layer][g].value or 0
-                share = (last - done) / self.n_experts
-                yield m.gpu.hold(layer_s * share, 0, 0, "prompt layer (experts in id order)")
-                done = last
-                yield ring_slots.put(len(ids))
-            if done < self.n_experts - 1:
-                yield m.gpu.hold(layer_s * (self.n_experts - 1 - done) / self.n_experts, 0, 0, "prompt layer")
-            n = sum(len(gr[0]) for gr in groups)
-            n_file = sum(gr[4] for gr in groups)
-            lookups = int(routed[layer * self.n_experts: (layer + 1) * self.n_experts].sum())
-            hits = int((routed & self.on_gpu)[layer * self.n_experts: (layer + 1) * self.n_experts].sum())
-            sid = self.rec.step(request=request, phase="prefill", step=step_no, layer=layer, start_s=start,
-                                end_s=env.now, tokens=T, lookups=lookups, hits=hits, direct_loads=n,
-                                h2d_bytes=n * blob, file_read_bytes=n_file * blob, lent_slots=lent,
-                                vram_used_bytes=self._vram_used(), ram_used_bytes=self._ram_used())
-            for code, count in ((RAM_PINNED, sum(gr[2] for gr in groups)), (RAM_PAGEABLE, sum(gr[3] for gr in groups)),
-                                (FILE, n_file)):
-                self.rec.copy(sid, "H2D", count, blob, SOURCE_NAMES[code], "ring")
+        compute = _ChunkCompute(self, plans, layer_s, ring_slots, request, step_no, T, routed, lent)
+        env.process(self._stream(plans, ring_slots, compute))
+        compute.advance()  # the layers before the first streamed group need nothing to arrive
+        yield compute.finished
 
-    def _stage(self, plans: list, staged: list):
-        """The stager threads: each group's pageable and file blobs into pinned buffers (file blobs the page
-        cache misses are page-faulted from the drive first, the threads' reads in flight together)."""
+    def _record_prefill_layer(self, chunk: _ChunkCompute, layer: int, end_s: float) -> None:
+        groups = chunk.plans[layer]
+        blob = int(self.layer_blob[layer])
+        n = sum(len(gr[0]) for gr in groups)
+        n_file = sum(gr[4] for gr in groups)
+        lo, hi = layer * self.n_experts, (layer + 1) * self.n_experts
+        lookups = int(chunk.routed[lo:hi].sum())
+        hits = int((chunk.routed & self.on_gpu)[lo:hi].sum())
+        sid = self.rec.step(request=chunk.request, phase="prefill", step=chunk.step_no, layer=layer,
+                            start_s=chunk.layer_start, end_s=end_s, tokens=chunk.tokens, lookups=lookups, hits=hits,
+                            direct_loads=n, h2d_bytes=n * blob, file_read_bytes=n_file * blob, lent_slots=chunk.lent,
+                            vram_used_bytes=self._vram_used(), ram_used_bytes=self._ram_used())
+        for code, count in ((RAM_PINNED, sum(gr[2] for gr in groups)), (RAM_PAGEABLE, sum(gr[3] for gr in groups)),
+                            (FILE, n_file)):
+            self.rec.copy(sid, "H2D", count, blob, SOURCE_NAMES[code], "ring")
+
+    def _stream(self, plans: list, ring_slots: simpy.Container, compute: "_ChunkCompute"):
+        """The stager threads and the copy stream, group by group in order. A group is the pinned ring's worth of
+        blobs. The stagers copy its pageable and file blobs into the pinned buffers (file blobs the page cache
+        misses are page-faulted from the drive first, the threads' reads in flight together); once the ring has
+        room the copy stream DMAs the group. The copy is booked on the copy engine without waiting for it, and
+        hands its buffers back blob by blob as it runs: the stagers fill them with the next group meanwhile, and
+        can finish that group no earlier than this copy ends (its last buffer). The copy's end is the group's
+        arrival."""
         m = self.m
+        previous = None  # the copy of the group before: its buffers free up as it runs
         for layer, groups in enumerate(plans):
             blob = int(self.layer_blob[layer])
             for g, (ids, _, n_pin, n_pag, n_file) in enumerate(groups):
                 n_stage = n_pag + n_file
-                if not n_stage:
-                    staged[layer][g].succeed(0)
-                    continue
-                yield self.pinned.get(n_stage)
-                drive = 0
-                if n_file:
-                    file_ids = ids[self.home[ids] == FILE] if n_file < len(ids) else ids
-                    missed = int((~m.page_cache.access(file_ids)).sum())
-                    if missed:  # page faults of the stager threads, read-ahead sized
-                        drive = missed * blob
-                        yield m.ssd.read(drive, missed * m.ssd.fault_reads(blob), min(self.stager_threads, missed))
-                yield from m.memcpy(self.stager, n_stage * blob, self.stager_threads, "stager memcpy")
-                staged[layer][g].succeed(drive)
-
-    def _copy(self, plans: list, staged: list, arrived: list, ring_slots: simpy.Container):
-        """The copy stream: each group, in order, once staged and once the ring has room, DMA'd to the ring."""
-        m = self.m
-        for layer, groups in enumerate(plans):
-            blob = int(self.layer_blob[layer])
-            for g, (ids, _, n_pin, n_pag, n_file) in enumerate(groups):
-                yield staged[layer][g]
-                yield ring_slots.get(len(ids))
+                if n_stage:
+                    buffers = self.pinned.get(n_stage)
+                    if not buffers.triggered:
+                        yield buffers
+                    if n_file:
+                        file_ids = ids[self.home[ids] == FILE] if n_file < len(ids) else ids
+                        missed = int((~m.page_cache.access(file_ids)).sum())
+                        if missed:  # page faults of the stager threads, read-ahead sized
+                            yield m.ssd.read(missed * blob, missed * m.ssd.fault_reads(blob),
+                                             min(self.stager_threads, missed))
+                    yield from m.memcpy(self.stager, n_stage * blob, self.stager_threads, "stager memcpy")
+                    if previous is not None and not previous.processed:
+                        yield previous  # the group's last buffer is free only once the copy before it is done
+                room = ring_slots.get(len(ids))
+                if not room.triggered:  # wait only when the ring is full (a triggered get needs no resume)
+                    yield room
                 # the group's copies are queued back to back on the copy stream: one fixed cost per group
                 n_bytes = len(ids) * blob
-                yield m.h2d.hold(m.h2d.cost_s(n_bytes, 1), n_bytes, len(ids), "prompt stream")
-                if n_pag + n_file:
-                    yield self.pinned.put(n_pag + n_file)
-                arrived[layer][g].succeed(staged[layer][g].value)
+                done = m.h2d.hold(m.h2d.cost_s(n_bytes, 1), n_bytes, len(ids), "prompt stream")
+                if n_stage:  # the buffers pass to the copy, which frees them blob by blob for the next group
+                    self.pinned.put(n_stage)
+                done.callbacks.append(compute.arrived)
+                previous = done
 
     def _checkpoint(self, request: int, step_no: int):
         """An in-session checkpoint: the running state copied device -> host; the compute stream waits."""

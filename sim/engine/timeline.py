@@ -38,7 +38,8 @@ class Recorder:
     copies: list = field(default_factory=list)
 
     def step(self, **row) -> int:
-        self.steps.append(tuple(row.get(c, 0) for c in STEP_COLUMNS))
+        get = row.get
+        self.steps.append(tuple([get(c, 0) for c in STEP_COLUMNS]))
         return len(self.steps) - 1
 
     def copy(self, step_id: int, kind: str, count: int, bytes_each: int, src: str = "", dst: str = "") -> None:

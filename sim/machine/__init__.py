@@ -38,24 +38,29 @@ class Memory:
         self.ram_total = profile.ram_bytes
         self.os_reserved = profile.os_reserved_bytes
         self.held: dict[tuple[str, str], int] = {}
+        self.totals = {"vram": 0, "ram": 0}
         self.page_cache = page_cache
         self.peak = {"vram": 0, "ram": 0}
         self._resize_page_cache()
 
     def set(self, pool: str, name: str, n_bytes: int) -> None:
         """The allocation `name` in `pool` is now n_bytes (0 frees it)."""
+        old = self.held.get((pool, name), 0)
+        if old == int(n_bytes):
+            return
         if n_bytes:
             self.held[(pool, name)] = int(n_bytes)
         else:
             self.held.pop((pool, name), None)
-        self.peak[pool] = max(self.peak[pool], self.used(pool))
+        self.totals[pool] += int(n_bytes) - old
+        self.peak[pool] = max(self.peak[pool], self.totals[pool])
         self._resize_page_cache()
 
     def get(self, pool: str, name: str) -> int:
         return self.held.get((pool, name), 0)
 
     def used(self, pool: str) -> int:
-        return sum(n for (p, _), n in self.held.items() if p == pool)
+        return self.totals[pool]
 
     def vram_free(self) -> int:
         """What cudaMemGetInfo reports free: device memory nobody holds. On unified memory the pool's free

@@ -48,12 +48,14 @@ class Server:
         """Service time of a copy job: a fixed cost per operation plus bytes over the server's rate."""
         return n_ops * self.op_latency_s + (n_bytes / self.bytes_per_s if self.bytes_per_s else 0.0)
 
-    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> simpy.Event:
-        """A job of `seconds` issued now; the event fires when it is done."""
+    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy",
+             ready_s: float = 0.0) -> simpy.Event:
+        """A job of `seconds` issued now that cannot start before ready_s (its input, a job already booked on
+        another server, ends then); the event fires when it is done."""
         free = self.free_at
         lane = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
         now = self.env.now
-        start = free[lane] if free[lane] > now else now
+        start = max(free[lane], now, ready_s)
         end = start + seconds
         free[lane] = end
         self.busy_s += seconds
@@ -73,9 +75,13 @@ class Server:
         self.ops += n_ops
         self.log.append((start, end, int(n_bytes), n_ops, kind))
 
-    def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy") -> simpy.Event:
+    def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", ready_s: float = 0.0) -> simpy.Event:
         """A copy job: `n_ops` operations moving `n_bytes` in all."""
-        return self.hold(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind)
+        return self.hold(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind, ready_s)
+
+    def end_of_last(self) -> float:
+        """When the job issued last ends (single-lane servers: the lane's free time)."""
+        return self.log[-1][1] if self.log else 0.0
 
     def drained(self) -> simpy.Event:
         """An event at the end of every job issued so far (a stream synchronize), without a job of its own."""
@@ -98,15 +104,17 @@ class SharedBandwidth:
     traffic (a memcpy reads and writes: 2 bytes of traffic per byte copied) whose rate is their fair share of
     what is left, capped by the job's own limit (one thread's copy rate), water-filling the rest; DMA engines
     reserve their rate while they run (a copy engine streams at its link rate and the CPU copies slow down
-    around it). A job's end is re-timed whenever a job starts or ends or a reservation changes.
+    around it). The reservations are known when the copy engine books its job, so a lone copy's end is found
+    by integrating over them; with several copies their shares are re-timed at every start, end and change.
     """
 
     def __init__(self, env: simpy.Environment, name: str, bytes_per_s: float):
         self.env, self.name, self.capacity = env, name, bytes_per_s
         self.jobs: list[list] = []  # [traffic left, cap, event, traffic, issued_s, kind]
-        self.reserved = 0.0
+        self.reservations: list[tuple[float, float, float]] = []  # (start, end, bytes/s)
         self.updated_s = 0.0
         self.version = 0
+        self.due_s = float("inf")  # when the next scheduled re-timing happens
         self.busy_s = 0.0  # time with a copy in flight
         self.traffic = 0.0  # bytes of traffic, copies and DMA reservations
         self.bytes_moved = self.ops = 0  # the copies' traffic and count
@@ -133,20 +141,28 @@ class SharedBandwidth:
         if end_s <= start_s or bytes_per_s <= 0:
             return
         self.traffic += (end_s - start_s) * bytes_per_s
-        env = self.env
-        begin = env.timeout(max(0.0, start_s - env.now))
-        begin.callbacks.append(lambda _e: self._change_reserved(bytes_per_s))
-        finish = env.timeout(max(0.0, end_s - env.now))
-        finish.callbacks.append(lambda _e: self._change_reserved(-bytes_per_s))
+        if self.jobs:
+            self._advance()
+        self.reservations.append((start_s, end_s, bytes_per_s))
+        if self.jobs and start_s < self.due_s:
+            self._reschedule()
 
-    def _change_reserved(self, delta: float) -> None:
-        self._advance()
-        self.reserved = max(0.0, self.reserved + delta)
-        self._reschedule()
+    def _available(self, t: float) -> float:
+        reserved = sum(rate for start, end, rate in self.reservations if start <= t < end)
+        return max(self.capacity - reserved, self.capacity * 1e-6)
 
-    def _rates(self) -> list[float]:
+    def _next_boundary(self, t: float) -> float:
+        nxt = float("inf")
+        for start, end, _ in self.reservations:
+            if start > t:
+                nxt = min(nxt, start)
+            elif end > t:
+                nxt = min(nxt, end)
+        return nxt
+
+    def _rates(self, available: float) -> list[float]:
         """Water-filling: each job its cap or an equal share of what the smaller caps leave."""
-        left = max(self.capacity - self.reserved, self.capacity * 1e-6)
+        left = available
         order = sorted(range(len(self.jobs)), key=lambda i: self.jobs[i][1])
         rates = [0.0] * len(self.jobs)
         for n, i in enumerate(order):
@@ -156,19 +172,43 @@ class SharedBandwidth:
         return rates
 
     def _advance(self) -> None:
+        """Apply the jobs' progress from the last update to now, piece by piece between reservation changes."""
         now = self.env.now
-        if self.jobs and now > self.updated_s:
-            for job, rate in zip(self.jobs, self._rates()):
-                job[0] -= rate * (now - self.updated_s)
+        t = self.updated_s
+        while self.jobs and t < now:
+            piece_end = min(now, self._next_boundary(t))
+            for job, rate in zip(self.jobs, self._rates(self._available(t))):
+                job[0] -= rate * (piece_end - t)
+            t = piece_end
         self.updated_s = now
+        self.reservations = [r for r in self.reservations if r[1] > now]
+
+    def _lone_job_end(self, job: list) -> float:
+        """When a lone job ends, integrating its rate over the known reservations."""
+        t, left = self.env.now, job[0]
+        while True:
+            rate = min(job[1], self._available(t))
+            boundary = self._next_boundary(t)
+            if t + left / rate <= boundary:
+                return t + left / rate
+            left -= rate * (boundary - t)
+            t = boundary
 
     def _reschedule(self) -> None:
         self.version += 1
         if not self.jobs:
+            self.due_s = float("inf")
             return
-        wait = min(max(job[0], 0.0) / rate for job, rate in zip(self.jobs, self._rates()))
+        now = self.env.now
+        if len(self.jobs) == 1:
+            due = self._lone_job_end(self.jobs[0])
+        else:
+            rates = self._rates(self._available(now))
+            due = min(now + min(max(job[0], 0.0) / rate for job, rate in zip(self.jobs, rates)),
+                      self._next_boundary(now))
+        self.due_s = due
         version = self.version
-        timer = self.env.timeout(wait)
+        timer = self.env.timeout(max(0.0, due - now))
         timer.callbacks.append(lambda _e: self._tick(version))
 
     def _tick(self, version: int) -> None:
