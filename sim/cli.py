@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.errors import InputError
+from sim.units import GIB
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines.")
@@ -85,7 +86,7 @@ def _fmt(value) -> str:
 
 
 def _gib(n_bytes) -> float:
-    return float(n_bytes) / 2**30
+    return float(n_bytes) / GIB
 
 
 def _write_trace(trace, output: Path) -> None:

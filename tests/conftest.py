@@ -1,8 +1,11 @@
 """Shared test helpers."""
 
 import os
+import tomllib
+from pathlib import Path
 
 import pytest
+import tomli_w
 
 
 def require(module: str, reason: str):
@@ -14,3 +17,22 @@ def require(module: str, reason: str):
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {module} is missing: {reason}", pytrace=False)
         raise
+
+
+def profile_with(tmp_path: Path, base: str, name: str, changes: dict) -> Path:
+    """A copy of scenarios/hardware/BASE.toml named NAME with some figures changed, written under tmp_path.
+    `changes` maps a dotted key ("host.ram_gib") to a value or to a function of the old value; a table of
+    points (the SSD's) gets it applied to every point. The calibration file reference is dropped."""
+    data = tomllib.loads((Path(__file__).resolve().parents[1] / "scenarios" / "hardware" / f"{base}.toml").read_text())
+    data.pop("calibration", None)
+    data["name"] = name
+    for dotted, value in changes.items():
+        *tables, leaf = dotted.split(".")
+        table = data
+        for key in tables:
+            table = table[key]
+        for quantity in table[leaf] if isinstance(table[leaf], list) else [table[leaf]]:
+            quantity["value"] = value(quantity["value"]) if callable(value) else value
+    path = tmp_path / f"{name}.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path

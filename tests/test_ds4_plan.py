@@ -261,3 +261,22 @@ def test_seed_plan_takes_the_first_preload_entries_on_seeded_layers_grouped_by_l
     plan = hotlist_seed_plan(ranking, n, seeded_layers=[0, 1], preload_experts=3)
     assert [(layer, experts.tolist()) for layer, experts in plan] == [(0, [3, 1]), (1, [5])]
     assert hotlist_seed_plan(ranking, n, [0, 1], 0) == []
+
+
+@pytest.mark.parametrize("ctx, chunk, printed_mib, source", [
+    (65665, 2048, 1311.89, "ds4-bench on a GB10, antirez/ds4#158 (comment of 2026-05-16)"),
+    (16777, 2048, 479.38, "ds4-eval on an M4 Max, antirez/ds4#201"),
+])
+def test_kv_and_context_buffers_match_what_ds4_prints(ctx, chunk, printed_mib, source):
+    # ds4 logs "context buffers X MiB (ctx=..., prefill_chunk=..., raw_kv_rows=2304, ...)": the KV cache plus
+    # the prefill's attention context buffers. A measured figure of the engine itself, not of this model.
+    assert dp.flash_raw_rows(ctx, chunk) == 2304, source  # printed raw_kv_rows
+    ours = (dp.flash_kv_bytes(ctx, chunk) + dp.flash_context_buffer_bytes(ctx, chunk)) / MiB
+    assert ours == pytest.approx(printed_mib, abs=0.005), source
+
+
+def test_raw_rows_hold_a_chunk_and_a_window_padded_and_capped():
+    assert dp.flash_raw_rows(100, 4096) == 256  # the context caps the rows before the padding, not after
+    assert dp.flash_raw_rows(32768, 4096) == 4352  # 4096 + 128 -> the next multiple of 256
+    assert dp.flash_raw_rows(1_000_000, 16384) == 8192  # capped
+    assert dp.flash_raw_rows(1000, 1) == 256  # one padded block

@@ -19,11 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 HARDWARE = ROOT / "scenarios" / "hardware"
 PROFILES = sorted(HARDWARE.glob("*.toml"))
 TAG = re.compile(r"^\[[SMHE](/[SMHE])*( from [SMHE](/[SMHE])*)?\] \S")
-EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060ti-16gb", "h200"}
+EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060ti-16gb", "h200",
+            "rtx-5070ti-laptop-12gb", "dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb"}
+UNIFIED = {"dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb"}
 
 
-def test_the_five_profiles_ship():
+def test_the_profiles_ship():
     assert {p.stem for p in PROFILES} == EXPECTED
+    assert {p.stem for p in PROFILES if load_hardware(p).is_unified} == UNIFIED
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
@@ -87,12 +90,26 @@ def test_profile_figures_are_physically_consistent(path):
     # A device-local copy reads and writes every byte: bytes copied per second stay below half the DRAM
     # bandwidth (the read+write double counting rule, hardware-and-gguf.md §1.1).
     assert p.d2d.copy_gbps.value <= p.gpu.dram_bandwidth_gbps.value / 2
-    assert p.pcie.h2d_pageable_gbps.value < p.pcie.h2d_pinned_gbps.value
-    assert p.pcie.d2h_pageable_gbps.value < p.pcie.d2h_pinned_gbps.value
-    assert p.pcie.h2d_pinned_gbps.value < 64  # no PCIe 5.0 x16 direction carries more
+    if p.is_unified:  # a copy inside the pool is bounded like a device-local one; the GPU gets a share of it
+        assert p.unified.copy_gbps.value <= p.gpu.dram_bandwidth_gbps.value / 2
+        assert p.host.os_reserved_gib.value < p.unified.gpu_allocatable_gib.value <= p.host.ram_gib.value
+    else:
+        assert p.pcie.h2d_pageable_gbps.value < p.pcie.h2d_pinned_gbps.value
+        assert p.pcie.d2h_pageable_gbps.value < p.pcie.d2h_pinned_gbps.value
+        assert p.pcie.h2d_pinned_gbps.value < 64  # no PCIe 5.0 x16 direction carries more
+    assert p.host.dram_bandwidth_gbps.value <= p.gpu.dram_bandwidth_gbps.value or not p.is_unified
     assert p.wddm == (p.os == "windows")
     assert p.compute["deepseek-v4-flash"].decode_us_per_token_layer.value > \
         p.compute["deepseek-v4-flash"].prefill_us_per_token_layer.value
+
+
+def test_unified_memory_copies_inside_the_pool_and_the_gpu_holds_its_share():
+    spark = load_hardware("dgx-spark-gb10")
+    rates = spark.copy_rates()
+    assert {rates[k] for k in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable")} == {116e9}
+    assert spark.vram_bytes == 121 * GIB == spark.ram_bytes  # ATS: the GPU may allocate the whole pool
+    mac = load_hardware("m5-pro-64gb")
+    assert mac.os == "macos" and mac.vram_bytes == 48 * GIB < mac.ram_bytes  # recommendedMaxWorkingSetSize
 
 
 def test_windows_box_is_wddm_and_the_h200_uses_project_measurements():

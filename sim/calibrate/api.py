@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sim.calibrate import fileformat, fit
 from sim.errors import InputError
+from sim.units import MIB
 
-MIB = 1 << 20
 
 
 def parse_list(text: str | None, option: str, kind=float) -> tuple | None:

@@ -20,9 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.calibrate import fileformat
+from sim.units import GIB, MIB
 
-GIB = 1 << 30
-MIB = 1 << 20
 CAL_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "hardware" / "calibration"
 LATENCY_SCALE = 2.07 / 4.63  # RTX 5090 same-GPU small copy (GPU timeline) / H200 VM tiny-copy GPU time
 K_SOURCE = ("[E from M/H] this project's H200 figure x 2.07/4.63 (RTX 5090 same-GPU small-copy latency, "

@@ -34,9 +34,8 @@ import pandas as pd
 from sim.calibrate import cudaenv, fit
 from sim.calibrate.kernel import POISON, WORD, Backend, Variant
 from sim.errors import InputError
+from sim.units import GIB, MIB
 
-MIB = 1 << 20
-GIB = 1 << 30
 KIND_PATH = {"H2D": "h2d", "D2D": "d2d", "D2H": "d2h"}
 PATH_MEMORIES = {"d2d": ("dev", "dev"), "h2d": ("host", "dev"), "d2h": ("dev", "host")}
 PLAN_COLUMNS = ("step_id", "kind", "count", "bytes_each", "src", "dst")

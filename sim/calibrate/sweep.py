@@ -30,9 +30,8 @@ import pandas as pd
 from sim.calibrate import cudaenv, fit
 from sim.calibrate.kernel import PATHS, POISON, WORD, Backend, Variant, self_test
 from sim.errors import InputError
+from sim.units import GIB, MIB
 
-MIB = 1 << 20
-GIB = 1 << 30
 # fmt: off
 DEFAULT_SIZES_MIB = (1, 2, 3, 4, 6, 8, 12, 16)     # expert (part) sizes: ds4 parts are 2.06-4.5 MiB
 DEFAULT_EXPERTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

@@ -29,8 +29,8 @@ from sim.engine.run import RunResult, provenance
 from sim.engine.timeline import Recorder
 from sim.engine.workload import workload_routing
 from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
+from sim.units import MIB
 
-MIB = 1 << 20
 # Headline keys of an engine run that a replay has no figure for: null, never 0.
 NO_MEANING = ("lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s", "decode_tok_s",
               "belady_decode_hit_rate", "belady_gap", "ttft_s", "simulated_s", "gpu_idle_s")

@@ -148,8 +148,6 @@ class Ds4:
                              f"{hw.vram_bytes / GIB:.2f} GiB")
         # compute per layer: the profile's per-token figures split by the bytes each part reads
         compute = scenario.compute
-        domain.use_profile_figure("compute.decode_us_per_token_layer", compute.decode_us_per_token_layer)
-        domain.use_profile_figure("compute.prefill_us_per_token_layer", compute.prefill_us_per_token_layer)
         work = ds4_plan.decode_bytes_by_layer(layout, self.family, range(len(self.layers)))
         share = work / work[: self.n_layers].sum() * self.n_layers  # mean layer = 1
         self.decode_s = compute.decode_us_per_token_layer.value * 1e-6 * share  # [layer, (other, shared, routed)]
@@ -171,6 +169,10 @@ class Ds4:
         self.slab_class = -1
         self.staging_bytes = 0
         self.notices: list[str] = []
+        if hw.os == "macos":  # ds4 streams experts through its Metal backend there, which is not modelled apart
+            self.notices.append("ds4 runs its Metal backend on macOS; simulated here with the CUDA SSD-streaming "
+                                "path (size-class caches, pread into staging, a copy into the slot) on this "
+                                "profile's figures")
         self.dedup = [ds4_plan.NoticeDedup() for _ in range(self.n_classes if self.per_class else 1)]
         self.seed_steps = self._hotlist_seed_plan(where)
         if scenario.workload.page_cache == "warm":  # the file was read before: the page cache holds what fits
@@ -355,7 +357,7 @@ class Ds4:
         n_parts = PARTS_PER_EXPERT * len(experts)
         n_bytes = int(self.expert_bytes[layer]) * len(experts)
         drive = yield from self._read(thread, layer, experts)
-        copied = self.m.h2d.copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
+        self.m.h2d.copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
         yield thread.hold(n_parts * self.m.sync_s, 0, n_parts, "stream sync", ready_s=self.m.h2d.end_of_last())
         return drive
 

@@ -642,7 +642,9 @@ def validate(scenario, where: str) -> None:
 FLASH_KV_LAYERS = 43          # DS4_N_LAYER
 FLASH_HEAD_DIM = 512          # DS4_N_HEAD_DIM: one KV row (f32)
 FLASH_INDEXER_HEAD_DIM = 128  # DS4_N_INDEXER_HEAD_DIM
-FLASH_SWA_TOKENS = 128        # DS4_N_SWA: the raw (sliding-window) cache per layer
+FLASH_SWA_TOKENS = 128        # DS4_N_SWA: the sliding attention window
+FLASH_RAW_ROW_ALIGN = 256     # the raw KV rows are padded to a 256-row multiple (ds4.c, raw cap)
+FLASH_RAW_ROWS_MAX = 8192     # and capped at 8192 rows
 FLASH_F32_BYTES = 4           # KV rows are stored as f32 on the GPU
 
 
@@ -654,12 +656,21 @@ def flash_compress_ratio(layer: int) -> int:
     return 4 if layer % 2 == 0 else 128
 
 
-def flash_kv_bytes(ctx_tokens: int) -> int:
-    """The KV cache ds4 allocates on the GPU for a session of ctx_tokens (DeepSeek-V4 Flash): per layer a raw
-    sliding window of min(128, ctx) rows, and per compressed layer ctx / ratio + 2 compressed rows (plus the
-    indexer's rows on ratio-4 layers), every row f32 (ds4.c metal_graph_kv_cache_bytes_for_context)."""
-    raw = min(FLASH_SWA_TOKENS, ctx_tokens)
-    total = FLASH_KV_LAYERS * raw * FLASH_HEAD_DIM * FLASH_F32_BYTES
+def flash_raw_rows(ctx_tokens: int, prefill_cap_tokens: int) -> int:
+    """Rows of each layer's raw (sliding-window) KV: during a batched prefill it holds the chunk plus the
+    previous window, padded to a multiple of 256 rows and capped at 8192 (ds4.c
+    metal_graph_raw_cap_for_context)."""
+    window = max(1, min(FLASH_SWA_TOKENS, ctx_tokens))
+    wanted = max(1, min(window + prefill_cap_tokens, ctx_tokens))
+    wanted = min(-(-wanted // FLASH_RAW_ROW_ALIGN) * FLASH_RAW_ROW_ALIGN, FLASH_RAW_ROWS_MAX)
+    return max(wanted, window)
+
+
+def flash_kv_bytes(ctx_tokens: int, prefill_cap_tokens: int) -> int:
+    """The KV cache ds4 allocates on the GPU for a session of ctx_tokens (DeepSeek-V4 Flash): per layer the
+    raw rows (flash_raw_rows), and per compressed layer ctx / ratio + 2 compressed rows (plus the indexer's
+    rows on ratio-4 layers), every row f32 (ds4.c metal_graph_kv_cache_bytes_for_context)."""
+    total = FLASH_KV_LAYERS * flash_raw_rows(ctx_tokens, prefill_cap_tokens) * FLASH_HEAD_DIM * FLASH_F32_BYTES
     for layer in range(FLASH_KV_LAYERS):
         ratio = flash_compress_ratio(layer)
         if ratio:
@@ -782,7 +793,7 @@ def resident_set(layout, family: str, profile, ctx_tokens: int, prefill_cap_toke
     reserved = profile.runtime_reserved_bytes
     if family == "deepseek-v4":
         record = domain.use("ds4-flash-buffers-503", "ds4 compute buffers")
-        return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, flash_kv_bytes(ctx_tokens),
+        return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, flash_kv_bytes(ctx_tokens, prefill_cap_tokens),
                            flash_context_buffer_bytes(ctx_tokens, prefill_cap_tokens), record.bytes(), reserved,
                            record.id)
     record = domain.use("ds4-glm52-buffers-neutronstar", "ds4 compute buffers")

@@ -53,12 +53,13 @@ RECORDS: tuple[Record, ...] = (
     # ds4, DeepSeek-V4-Flash on the #503 box. ds4 printed "available 81.57 GiB" (ds4-engine.md §1.12) with the
     # q2-q4 file at --ctx 32768 on the 96 GB card, whose CUDA total is 94.97 GiB: VRAM before the cache =
     # 13.40 GiB. Of that the model derives the non-routed weights (8.20 GiB, antirez/ds4#488), the KV cache
-    # and the prefill context buffers at that context (ds4_plan.flash_kv_bytes and flash_context_buffer_bytes:
-    # 0.4306 + 0.2501 GiB) and the driver's own reservation (555 MiB, the profile's gpu.runtime_reserved_mib);
+    # and the prefill context buffers at that context and chunk (ds4_plan.flash_kv_bytes and
+    # flash_context_buffer_bytes: 0.7770 + 0.2501 GiB; the formula gives ds4's own "context buffers" figure to
+    # the byte at two other contexts, tests/test_ds4_plan.py) and the driver's own reservation (555 MiB, the profile's gpu.runtime_reserved_mib);
     # what is left is ds4's compute buffers and scratch, fitted here.
-    Record("ds4-flash-buffers-503", "compute_buffers", 3.9774, "GiB", "ds4", "deepseek-v4-flash",
+    Record("ds4-flash-buffers-503", "compute_buffers", 3.6309, "GiB", "ds4", "deepseek-v4-flash",
            "rtx-pro-6000-96gb", 32768, "seed-504",
-           "94.97 GiB CUDA total - 81.57 GiB available (#503 log) - 8.20 GiB non-routed - 0.4306 GiB KV - 0.2501 GiB "
+           "94.97 GiB CUDA total - 81.57 GiB available (#503 log) - 8.20 GiB non-routed - 0.7770 GiB KV - 0.2501 GiB "
            "context buffers at --ctx 32768, chunk 4096 - 0.542 GiB runtime reserved (rtx-pro-6000-96gb.toml)"),
     # ds4 (neutronstar GLM stack), GLM-5.2 on the 16 GB RTX 4060 Ti rig: "the resident weights want ~9-13
     # GiB VRAM plus ~8 GiB pinned host RAM" (giannisanni/neutronstar README). The upper 13 GiB is everything
@@ -125,6 +126,14 @@ class Domain:
                 self.notes[f"{r.id}:{path}"] = (f"{path} = {quantity.value:g} {quantity.unit} (from record {r.id}, "
                                                 f"{r.value:g} {r.unit}): " + "; ".join(diff))
         return quantity.value
+
+    def use_profile(self, profile, compute_key: str | None) -> None:
+        """Every figure of the hardware profile a run reads: the machine's (all but [compute]) and the compute
+        table of the scenario's model class."""
+        own_compute = f"compute.{compute_key}."
+        for path, quantity in profile.quantities():
+            if not path.startswith("compute.") or path.startswith(own_compute):
+                self.use_profile_figure(path, quantity)
 
     def out_of_domain(self) -> list[str]:
         return [self.notes[k] for k in sorted(self.notes)]

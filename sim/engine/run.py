@@ -5,7 +5,8 @@ Results of a run (`expertsim run SCENARIO -o DIR`):
 - steps.parquet: one row per engine step (a layer of a decode token or of a prefill chunk);
 - copy_plan.parquet: per step, the copies the engine makes (kind, count, bytes each, source, destination),
   which the GPU calibration replays;
-- links.parquet: every busy interval of every link (link, start_s, end_s, bytes, ops, kind; sim/engine/timeline.py);
+- links.parquet: every busy interval of every resource of the machine (link, start_s, end_s, bytes, ops, kind;
+  sim/machine/);
 - routing.parquet: the measured request's routing as the engine looked it up, one row per (token, layer) cell:
   phase, token, layer, size class, expert bytes, experts (the report's miss-ratio curves, docs/report.md).
 """
@@ -27,6 +28,7 @@ from sim.engine.timeline import Recorder, hit_rate, link_frame, safe_rate
 from sim.engine.workload import workload_routing
 from sim.errors import InputError
 from sim.machine import Machine
+from sim.units import MIB
 
 
 @dataclass
@@ -38,6 +40,19 @@ class RunResult:
     links: tuple = ()  # the machine's servers: write_results writes their busy intervals
     scenario: object = None  # with routing: write_results writes the measured request's routing
     routing: object = None  # WorkloadRouting
+
+
+class CountingEnvironment(simpy.Environment):
+    """SimPy's environment, counting the events it schedules: what a run costs in events (the summary's
+    simulated_events, docs/design.md), for one integer increment per event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_scheduled = 0
+
+    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
+        self.events_scheduled += 1
+        super().schedule(event, priority, delay)
 
 
 def provenance(scenario, trace_sha256: str, **extra) -> dict:
@@ -80,10 +95,11 @@ def run_scenario(scenario) -> RunResult:
         return run_replay(scenario)
     routing = workload_routing(scenario)
     recorder = Recorder()
-    env = simpy.Environment()
+    env = CountingEnvironment()
     machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout))
     domain = Domain(scenario.engine.name, scenario.layout.name, scenario.hardware_profile.name,
                     context_tokens(scenario))
+    domain.use_profile(scenario.hardware_profile, scenario.compute_key)
     engine = process_class(scenario.engine.name)(scenario, routing, recorder, machine, domain)
     timings: list[dict] = []
     env.process(engine.serve(env, timings))
@@ -119,10 +135,11 @@ def run_scenario(scenario) -> RunResult:
         "belady_gap": None if bound is None else bound - hit_rate(decode),
         "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
         "simulated_s": elapsed,
+        "simulated_events": env.events_scheduled,
         # time the GPU compute stream was not busy: waiting on copies, syncs and host work
         "gpu_idle_s": elapsed - machine.gpu.busy_s,
-        "vram_peak_mib": machine.memory.peak["vram"] / 2**20,
-        "ram_peak_mib": machine.memory.peak["ram"] / 2**20,
+        "vram_peak_mib": machine.memory.peak["vram"] / MIB,
+        "ram_peak_mib": machine.memory.peak["ram"] / MIB,
         "links": [server.summary(elapsed) for server in servers],
         "notices": list(state.get("notices", [])),
         "out_of_domain": domain.out_of_domain(),

@@ -7,7 +7,8 @@ owned pricing and #765 startup plan), the RAM tiers (arena, resident complement 
 budget mode, the live-memory build's loan coverage, mmap fallback), file-blob reads through a finite page
 cache, KV streaming (--kv-resident), in-session checkpoints and the conversation cache.
 
-Scenario: one engine process serves a scenario's requests in order (reference/strata-engine.md §3, §6).
+Processes: the main thread serves a scenario's requests in order (reference/strata-engine.md §3, §6); a
+prompt chunk's layer runs a stager process (SSD faults, page-cache copies into the pinned buffers) beside it.
 
 Startup (strata_plan.py holds every rule; docs/planning.md):
   VRAM before the cache = the driver's reservation (hardware profile) + K/V at --max-context (INT8, or only
@@ -184,10 +185,8 @@ class Strata:
             max(STAGER_THREADS_MIN, min(STAGER_THREADS_MAX, int(hw.host.hardware_threads.value) // 4))
         # compute: the profile's figures (calibration records where they were fitted)
         compute = scenario.compute
-        self.decode_layer_s = domain.use_profile_figure("compute.decode_us_per_token_layer",
-                                                        compute.decode_us_per_token_layer) * 1e-6
-        self.prefill_token_layer_s = domain.use_profile_figure("compute.prefill_us_per_token_layer",
-                                                               compute.prefill_us_per_token_layer) * 1e-6
+        self.decode_layer_s = compute.decode_us_per_token_layer.value * 1e-6
+        self.prefill_token_layer_s = compute.prefill_us_per_token_layer.value * 1e-6
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_layer_s = 0.0 if fixed is None else fixed.value * 1e-6
         # VRAM before the cache: derived, with one fitted term
@@ -503,7 +502,7 @@ class Strata:
 
     def _prefill_chunk(self, request: int, step_no: int, rows: np.ndarray, ring: int):
         """One batched chunk through all layers (see the module docstring: stager, copy and compute)."""
-        env, m = self.m.env, self.m
+        env = self.m.env
         T = len(rows)
         routed = self._pair_counts(rows) > 0
         stream_all = T >= self.build.stream_all_min_tokens

@@ -15,6 +15,7 @@ from sim.cache.replay import Geometry, replay
 from sim.model.presets import get_preset
 from sim.trace.generate import generate_trace
 from sim.trace.format import PHASE_DECODE
+from sim.units import MIB
 
 MODEL = "deepseek-v4-flash-q2-q4"
 PROMPT_TOKENS = 2048
@@ -48,7 +49,7 @@ def run_demo() -> dict:
             "prefill": prefill,
             "decode_hit": round(float(decode["hit_rate"]), 4),
             "prefill_hit": round(float(phases.loc["prefill", "hit_rate"]), 4),
-            "MiB_per_token": round(float(decode["load_bytes"]) / DECODE_TOKENS / 2**20, 1),
+            "MiB_per_token": round(float(decode["load_bytes"]) / DECODE_TOKENS / MIB, 1),
         })
     decode_rows = int((trace.phase == PHASE_DECODE).sum())
     return {

@@ -23,9 +23,8 @@ from typing import Any
 
 from sim import engine as engines
 from sim.errors import InputError
+from sim.units import MIB
 
-MIB = 1 << 20
-GIB = 1 << 30
 WHERE = "plan"
 NO_DIFFERENCE = 0.03  # alternatives within 3 % of the objective are reported as "no difference"
 

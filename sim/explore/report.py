@@ -7,8 +7,8 @@
 The HTML embeds the plotly.js bundle inline (no CDN, no network) and each figure's spec as a JSON
 `<script type="application/json" class="expertsim-figure">` block, drawn by a small inline script.
 
-Link lanes (timeline figure and Perfetto trace) are the links' busy intervals as the engine booked them
-(links.parquet, sim/engine/timeline.py `Link`). A results folder written before links.parquet existed has only
+Link lanes (timeline figure and Perfetto trace) are the machine's busy intervals as its resources logged them
+(links.parquet, sim/machine/). A results folder written before links.parquet existed has only
 each step's bytes, start and end, so there a link's busy time (summary `links`) is apportioned over the steps:
 byte links by the step's share of the bytes they move (PCIe H2D and host memcpy by h2d_bytes, D2D by d2d_bytes,
 D2H by d2h_bytes, file/SSD by file_read_bytes), the others (GPU compute, host calls, stream syncs) by the step's
@@ -31,6 +31,7 @@ import pandas as pd
 from sim.engine.timeline import LINK_COLUMNS
 from sim.errors import InputError
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL
+from sim.units import GIB, MIB
 
 RUN_FILES = ("summary.json", "steps.parquet")
 # One figure per metric a sweep's rows hold (all-null metrics are skipped: a cache-only replay has no tok/s,
@@ -241,7 +242,7 @@ def _mrc_figure(summary: dict, steps: pd.DataFrame, trace, geometry):
     for c, part in curves.groupby("class", sort=True):
         color = qualitative.Plotly[int(c) % len(qualitative.Plotly)]
         layers = int((geometry.class_of_layer == c).sum())
-        label = f"class {c}: {geometry.class_bytes[c] / 2**20:.2f} MiB experts, {layers} layers"
+        label = f"class {c}: {geometry.class_bytes[c] / MIB:.2f} MiB experts, {layers} layers"
         series = [(part[part["policy"] == "lru"], "LRU", {"mode": "lines", "line": {"color": color}}),
                   (part[part["policy"] == "belady"], "Belady bound",
                    {"mode": "lines+markers", "line": {"color": color, "dash": "dot"}})]
@@ -449,13 +450,13 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
         fig.add_trace(go.Scatter(x=x, y=per_group, name=name, mode="lines", line={"shape": "hv"}), 1, 1)
     for c in ("file_read_bytes", "h2d_bytes", "d2d_bytes", "d2h_bytes"):
         if c in g and g[c].sum() > 0:
-            fig.add_trace(go.Scatter(x=x, y=g[c] / 2**20, name=c, mode="lines", line={"shape": "hv"}), 2, 1)
+            fig.add_trace(go.Scatter(x=x, y=g[c] / MIB, name=c, mode="lines", line={"shape": "hv"}), 2, 1)
     if "lent_slots" in g:
         fig.add_trace(go.Scatter(x=x, y=g["lent_slots"], name="lent slots", mode="lines",
                                  line={"shape": "hv"}), 3, 1)
     for c, name in (("vram_used_bytes", "VRAM"), ("ram_used_bytes", "RAM")):
         if c in g and g[c].sum() > 0:
-            fig.add_trace(go.Scatter(x=x, y=g[c] / 2**30, name=name, mode="lines", line={"shape": "hv"}), 4, 1)
+            fig.add_trace(go.Scatter(x=x, y=g[c] / GIB, name=name, mode="lines", line={"shape": "hv"}), 4, 1)
     fig.update_xaxes(title_text="simulated time (s)", row=4, col=1)
     fig.update_layout(title="Run timeline", height=900)
     figures.append(("Timeline", fig))

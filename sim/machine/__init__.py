@@ -22,7 +22,7 @@ import simpy
 
 from sim.machine.servers import Server, SharedBandwidth
 from sim.machine.storage import PageCache, Ssd
-from sim.units import KIB
+from sim.units import GIB, KIB
 
 __all__ = ["Machine", "Memory", "PageCache", "Server", "SharedBandwidth", "Ssd"]
 
@@ -117,7 +117,7 @@ class Machine:
 
     def threads(self, name: str, n: int = 1) -> Server:
         """A pool of n host threads of the engine (a FIFO server with n lanes)."""
-        server = Server(self.env, name, lanes=n)
+        server = Server(self.env, name, lanes=n, host_thread=True)
         self._servers.append(server)
         return server
 
@@ -133,8 +133,8 @@ class Machine:
         """cudaMalloc / cudaFree of n_bytes, host time (the profile's fixed + per-GiB fit)."""
         lat = self.profile.latency
         if release:
-            return (lat.cuda_free_us.value + lat.cuda_free_us_per_gib.value * n_bytes / 2**30) * 1e-6
-        return (lat.cuda_malloc_us.value + lat.cuda_malloc_us_per_gib.value * n_bytes / 2**30) * 1e-6
+            return (lat.cuda_free_us.value + lat.cuda_free_us_per_gib.value * n_bytes / GIB) * 1e-6
+        return (lat.cuda_malloc_us.value + lat.cuda_malloc_us_per_gib.value * n_bytes / GIB) * 1e-6
 
     def servers(self) -> list:
         """Every resource with a busy log, in a stable order (links.parquet, the report)."""

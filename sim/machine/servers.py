@@ -18,6 +18,8 @@ lanes and the Perfetto trace are drawn from these logs.
 
 from __future__ import annotations
 
+import math
+
 import simpy
 
 
@@ -25,10 +27,11 @@ class Server:
     """`lanes` identical units serving jobs first come, first served."""
 
     __slots__ = ("env", "name", "free_at", "busy_s", "bytes_moved", "ops", "log", "bytes_per_s", "op_latency_s",
-                 "dram", "dram_traffic")
+                 "dram", "dram_traffic", "host_thread")
 
     def __init__(self, env: simpy.Environment, name: str, lanes: int = 1, bytes_per_s: float = 0.0,
-                 op_latency_s: float = 0.0, dram: "SharedBandwidth | None" = None, dram_traffic: float = 1.0):
+                 op_latency_s: float = 0.0, dram: "SharedBandwidth | None" = None, dram_traffic: float = 1.0,
+                 host_thread: bool = False):
         if lanes < 1:
             raise ValueError("a server needs at least one lane")
         self.env, self.name = env, name
@@ -39,6 +42,8 @@ class Server:
         self.log: list[tuple[float, float, int, int, str]] = []
         # a copy engine reading or writing host DRAM takes dram_traffic x its rate of DRAM while a copy runs
         self.dram, self.dram_traffic = dram, dram_traffic
+        # an engine's host thread: it waits on the devices as much as it works, so its busy time overlaps theirs
+        self.host_thread = host_thread
 
     @property
     def lanes(self) -> int:
@@ -93,7 +98,8 @@ class Server:
 
     def summary(self, elapsed_s: float) -> dict:
         return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
-                "utilisation": self.busy_s / (elapsed_s * self.lanes) if elapsed_s > 0 else 0.0}
+                "utilisation": self.busy_s / (elapsed_s * self.lanes) if elapsed_s > 0 else 0.0,
+                "host_thread": self.host_thread}
 
     def intervals(self) -> list[tuple[float, float, int, int, str]]:
         return list(self.log)
@@ -216,8 +222,13 @@ class SharedBandwidth:
             return
         self._advance()
         now = self.env.now
-        done = [job for job in self.jobs if job[0] <= 1e-3]
-        self.jobs = [job for job in self.jobs if job[0] > 1e-3]
+        # A job is done when what is left would take less than the clock can resolve at `now`: float time
+        # cannot advance by less than an ulp, so waiting for the last bytes would spin at one instant.
+        resolution_s = 4 * math.ulp(max(now, 1.0))
+        rates = self._rates(self._available(now))
+        finished = [job[0] <= 1e-3 or job[0] <= rate * resolution_s for job, rate in zip(self.jobs, rates)]
+        done = [job for job, f in zip(self.jobs, finished) if f]
+        self.jobs = [job for job, f in zip(self.jobs, finished) if not f]
         for job in done:
             self.log.append((job[4], now, int(job[3]), 1, job[5]))
             job[2].succeed()
@@ -229,7 +240,8 @@ class SharedBandwidth:
     def summary(self, elapsed_s: float) -> dict:
         """busy_s: time with a CPU copy in flight; utilisation: all traffic (copies and DMA) over the bandwidth."""
         return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
-                "utilisation": self.traffic / (self.capacity * elapsed_s) if elapsed_s > 0 else 0.0}
+                "utilisation": self.traffic / (self.capacity * elapsed_s) if elapsed_s > 0 else 0.0,
+                "host_thread": False}
 
     def intervals(self) -> list[tuple[float, float, int, int, str]]:
         """The copies' busy periods (copies overlap: one interval per copy would double count)."""

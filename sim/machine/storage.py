@@ -124,7 +124,7 @@ class Ssd:
 
     def summary(self, elapsed_s: float) -> dict:
         return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
-                "utilisation": self.busy_s / elapsed_s if elapsed_s > 0 else 0.0}
+                "utilisation": self.busy_s / elapsed_s if elapsed_s > 0 else 0.0, "host_thread": False}
 
     def intervals(self) -> list[tuple[float, float, int, int, str]]:
         """The drive's busy periods (reads overlap: one interval per read would double count)."""

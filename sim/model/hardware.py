@@ -351,6 +351,6 @@ def _parse_profile(where: str, raw: bytes) -> HardwareProfile:
 
 
 __all__ = [
-    "Compute", "GIB", "HardwareProfile", "KIB", "MIB", "Quantity", "input_error", "is_file", "load_hardware",
-    "load_hardware_file", "quantity", "read_toml", "resolve_hardware", "validate",
+    "Compute", "GIB", "HardwareProfile", "MIB", "Quantity", "is_file", "load_hardware", "load_hardware_file",
+    "quantity", "resolve_hardware", "validate",
 ]

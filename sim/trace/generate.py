@@ -49,6 +49,7 @@ import numpy as np
 from sim.errors import InputError
 from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
 from sim.trace.stats import prefill_union_by_layer, reuse_by_layer
+from sim.units import GIB
 
 DERIVED_PATH = Path(__file__).with_name("generator_presets.json")
 SOURCE = "expertsim synthetic generator (sim/trace/generate.py)"
@@ -1054,7 +1055,7 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
     size = rows * geo.n_layers * geo.top_k * 2
     if rows > MAX_ROWS or size > MAX_TRACE_BYTES:
         raise InputError("generate_trace", "requests x (prompt_tokens + decode_tokens)", rows,
-                         f"too large: {size / 2**30:.1f} GiB of expert ids (limit {MAX_TRACE_BYTES >> 30} GiB, "
+                         f"too large: {size / GIB:.1f} GiB of expert ids (limit {MAX_TRACE_BYTES >> 30} GiB, "
                          f"{MAX_ROWS} rows)")
     model = _model(preset)
     experts = model.run(seed, n_req, prompt, decode)

@@ -576,7 +576,8 @@ def links() -> Exhibit:
     for label, name in runs.items():
         s = run(name).summary
         data[label] = {"simulated_s": s["simulated_s"], "gpu_idle_s": s["gpu_idle_s"],
-                       "links": {LINK_NAMES.get(l["link"], l["link"]): l["busy_s"] for l in s["links"]}}
+                       "links": {LINK_NAMES.get(l["link"], l["link"]): l["busy_s"] for l in s["links"]},
+                       "host_threads": [LINK_NAMES.get(l["link"], l["link"]) for l in s["links"] if l["host_thread"]]}
     names = []
     for d in data.values():
         names += [n for n, busy in d["links"].items() if busy > 0 and n not in names]
@@ -589,10 +590,12 @@ def links() -> Exhibit:
         series["simulated time"] += [None, d["simulated_s"]]
     ds4, strata = data["ds4 #504 per class"], data["Strata #658 own"]
     numbers = {
-        "ds4_busy_sum": f2(sum(ds4["links"].values())), "ds4_simulated": f2(ds4["simulated_s"]),
+        "ds4_device_sum": f2(sum(v for n, v in ds4["links"].items() if n not in ds4["host_threads"])),
+        "ds4_simulated": f2(ds4["simulated_s"]),
         "ds4_idle_share": pct(ds4["gpu_idle_s"] / ds4["simulated_s"], 0),
         "ds4_memcpy_s": f2(ds4["links"]["host memcpy"]), "ds4_compute_s": f2(ds4["links"]["GPU compute"]),
-        "strata_busy_sum": f2(sum(strata["links"].values())), "strata_simulated": f2(strata["simulated_s"]),
+        "strata_device_sum": f2(sum(v for n, v in strata["links"].items() if n not in strata["host_threads"])),
+        "strata_simulated": f2(strata["simulated_s"]),
         "strata_h2d_s": f2(strata["links"]["PCIe H2D"]), "strata_compute_s": f2(strata["links"]["GPU compute"]),
         "strata_h2d_util": pct(strata["links"]["PCIe H2D"] / strata["simulated_s"], 0),
     }
@@ -794,15 +797,29 @@ def validation() -> Exhibit:
 
 @exhibit("design")
 def design() -> Exhibit:
-    """What coarse events buy: SimPy waits against layer steps and expert lookups of one run."""
+    """What coarse events cost, and overlap emerging: SimPy events against layer steps and expert lookups of
+    one run; ds4 #1082's pread pool on and off (O_DIRECT misses, a 2,048-expert budget)."""
     r = run("ds4-504-per-class")
     steps = r.steps
     requests = r.timings
     decode_tokens = int(requests["decode_tokens"].sum())
     prefill = steps[steps["phase"] == "prefill"]
     chunks = int(prefill.groupby(["request", "step"]).ngroups)
-    numbers = {"lookups": f0(steps["lookups"].sum()), "layer_steps": f0(len(steps)),
-               "waits": f0(decode_tokens + chunks), "decode_tokens": f0(decode_tokens), "chunks": f0(chunks)}
+    events = int(r.summary["simulated_events"])
+    pool = {}
+    for on in ("1", "0"):
+        s = run("ds4-504-per-class", (("engine.variant", "pr1082"),
+                                      ("engine.flags.ssd-streaming-cache-experts", "2048"),
+                                      ("engine.env.DS4_CUDA_NO_DIRECT_IO", None),
+                                      ("engine.env.DS4_CUDA_KEEP_MODEL_PAGES", None),
+                                      ("engine.env.DS4_CUDA_HITS_FIRST", on),
+                                      ("engine.env.DS4_CUDA_STREAMING_EXPERT_PREAD_POOL", on))).summary
+        pool[on] = {"decode_tok_s": s["decode_tok_s"], "gpu_idle_s": s["gpu_idle_s"], "simulated_s": s["simulated_s"]}
+    numbers = {"lookups": f0(steps["lookups"].sum()), "layer_steps": f0(len(steps)), "events": f0(events),
+               "events_per_step": f1(events / len(steps)), "decode_tokens": f0(decode_tokens), "chunks": f0(chunks),
+               "pool_on_tok_s": f1(pool["1"]["decode_tok_s"]), "pool_off_tok_s": f1(pool["0"]["decode_tok_s"]),
+               "pool_on_idle": pct(pool["1"]["gpu_idle_s"] / pool["1"]["simulated_s"], 0),
+               "pool_off_idle": pct(pool["0"]["gpu_idle_s"] / pool["0"]["simulated_s"], 0)}
     return Exhibit({"scenario": "scenarios/ds4-504-per-class.toml"},
-                   {"lookups": int(steps["lookups"].sum()), "layer_steps": len(steps), "waits": decode_tokens + chunks},
-                   numbers)
+                   {"lookups": int(steps["lookups"].sum()), "layer_steps": len(steps), "events": events,
+                    "pread_pool": pool}, numbers)
