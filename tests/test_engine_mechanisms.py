@@ -174,3 +174,24 @@ def test_strata_ssd_reads_and_the_h2d_stream_overlap(tmp_path):
     both = ttft("real", {}) - base
     assert ssd_cost > 0 and h2d_cost > 0
     assert max(ssd_cost, h2d_cost) < both < ssd_cost + h2d_cost
+
+
+def test_strata_small_chunks_pay_the_expert_weight_read_over_fewer_tokens(tmp_path):
+    # A chunk's layer reads each routed expert's weights once whatever its token count: on a machine whose
+    # I/O is free the prompt is compute only, and shorter chunks are slower, by at most a whole layer's expert
+    # bytes read once more per chunk (IQ3_S blobs at 80 % of the 5090's 1,792 GB/s, ggml-org/llama.cpp#28196)
+    from sim.model import get_preset
+
+    box = profile_with(tmp_path, "rtx-5090-48gb-windows", "free-io", {**FREE_SSD, **FREE_H2D, **FREE_HOST})
+    tok_s = {}
+    for chunk in (512, 2048, 8192):
+        result, _ = run_file(scenario_file(tmp_path, f"chunk-{chunk}", flags={"prefill": chunk},
+                                           env={"STRATA_PREFILL_OWN_AUTO": "0"}, hardware=str(box),
+                                           requests=((16384, 2),)))
+        tok_s[chunk] = result.summary["prefill_tok_s"]
+    assert tok_s[512] < tok_s[2048] < tok_s[8192]
+    layout = get_preset("qwen3.8-flash-next-iq3s")
+    layer_read_s = sum(layer.expert_bytes for layer in layout.layers) * 512 / 48 / (1792e9 * 0.80)
+    per_token_s = 48 * 3.958e-6  # the profile's all-in figure at 8192-token chunks
+    most = (per_token_s + 48 * layer_read_s / 512) / per_token_s
+    assert 1 < tok_s[8192] / tok_s[512] <= most * 1.01

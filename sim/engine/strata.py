@@ -57,6 +57,10 @@ STAGER_THREADS_MIN, STAGER_THREADS_MAX = 2, 4   # max(2, min(4, hw / 4)), STRATA
 PINNED_STAGING_BUFFERS = 16               # the stager's kRing pinned host buffers (§3.2)
 STREAM_GROUP_BLOBS = 16                   # blobs handed on together (our event granularity): a pinned ring's worth
 SHORT_READ_S_PER_TOKEN = 0.016            # decode-window reading of a short part, "about 16 ms/token" (§3.3)
+# A prompt chunk's layer reads each routed expert's weights from VRAM once, however many of its tokens use it.
+WEIGHT_READ_EFFICIENCY = 0.80             # of the spec DRAM rate: llama.cpp's decode reaches 80 % of the
+                                          # roofline on a 5090 under Linux (ggml-org/llama.cpp#28196, hw §1.2)
+MEASURED_CHUNK_TOKENS = 8192              # the chunk of the #658 runs behind the per-token prompt figure (seed)
 QSA_ATTENDED_CELLS = 2048                 # QSA reads ~2048 selected cells per query (§2.1)
 
 # -- decode ------------------------------------------------------------------------------------------
@@ -103,7 +107,7 @@ class _ChunkCompute:
     stretch of resident experts needs nothing to arrive. Issuing from the arrivals' callbacks keeps the stream's
     order (copies arrive in order) with one event per share instead of a process resumed twice per group."""
 
-    def __init__(self, engine: "Strata", plans: list, layer_s: float, ring_slots: simpy.Container, request: int,
+    def __init__(self, engine: "Strata", plans: list, layer_s: np.ndarray, ring_slots: simpy.Container, request: int,
                  step_no: int, tokens: int, routed: np.ndarray, lent: int):
         self.e, self.plans, self.layer_s, self.ring = engine, plans, layer_s, ring_slots
         self.request, self.step_no, self.tokens, self.routed, self.lent = request, step_no, tokens, routed, lent
@@ -145,10 +149,10 @@ class _ChunkCompute:
                 h = min(self.arrivals[self.layer], self.g + self.batch)
                 last = groups[h - 1][1]
                 slots = sum(len(groups[i][0]) for i in range(self.g, h))
-                self._issue(self.layer_s * (last - self.done) / E, slots)
+                self._issue(self.layer_s[self.layer] * (last - self.done) / E, slots)
                 self.done, self.g = last, h
                 continue
-            end = self._issue(self.layer_s * (E - 1 - self.done) / E, 0) if self.done < E - 1 else \
+            end = self._issue(self.layer_s[self.layer] * (E - 1 - self.done) / E, 0) if self.done < E - 1 else \
                 self.e.m.gpu.idle_at()
             self.e._record_prefill_layer(self, self.layer, end)
             self.layer, self.g, self.done, self.layer_start = self.layer + 1, 0, -1, None
@@ -186,9 +190,16 @@ class Strata:
         # compute: the profile's figures (calibration records where they were fitted)
         compute = scenario.compute
         self.decode_layer_s = compute.decode_us_per_token_layer.value * 1e-6
-        self.prefill_token_layer_s = compute.prefill_us_per_token_layer.value * 1e-6
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_layer_s = 0.0 if fixed is None else fixed.value * 1e-6
+        # Prompt compute per chunk and layer = tokens x a per-token cost + the routed experts' weights read
+        # once at the GPU's DRAM rate + the profile's fixed cost per chunk. The profile's per-token figure is an
+        # all-in rate measured at 8192-token chunks, where every expert of a layer is routed: that chunk's
+        # weight read is taken out of it, so the sum gives back the measured rate there.
+        self.weight_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
+        full_layer_read_s = float(self.pair_blob.sum()) / self.n_layers * self.weight_read_s_per_byte
+        self.prefill_token_layer_s = max(0.0, compute.prefill_us_per_token_layer.value * 1e-6
+                                         - (full_layer_read_s + self.prefill_chunk_layer_s) / MEASURED_CHUNK_TOKENS)
         # VRAM before the cache: derived, with one fitted term
         mem = machine.memory
         record = domain.use("strata-658-weights-buffers", "Strata weights and buffers in VRAM")
@@ -510,7 +521,9 @@ class Strata:
         codes = np.where(self.on_gpu, GPU, self.home)
         group = max(1, min(STREAM_GROUP_BLOBS, ring, PINNED_STAGING_BUFFERS))
         ring_slots = simpy.Container(env, capacity=ring, init=ring)
-        layer_s = T * self.prefill_token_layer_s + self.prefill_chunk_layer_s
+        routed_bytes = (self.pair_blob * routed).reshape(self.n_layers, self.n_experts).sum(axis=1)
+        layer_s = (T * self.prefill_token_layer_s + self.prefill_chunk_layer_s
+                   + routed_bytes * self.weight_read_s_per_byte)
         lent = self.slots - self.loan_first if self.loan_first is not None else 0
         plans = []
         for layer in range(self.n_layers):

@@ -93,6 +93,38 @@ def _scenario_rows() -> list[dict]:
     return rows
 
 
+# Issue 10's long-prompt target: a 256K-token prompt through Strata's prompt path (the #658 own arm, its
+# context raised to hold the prompt). The engine simulation is timed with the routing already built (the
+# routing memo, as every sweep point after a worker's first); generating that routing is its own row.
+LONG_PROMPT_SCENARIO = "strata-658-own"
+LONG_PROMPT_TOKENS = 262_144
+
+
+def long_prompt_rows() -> list[dict]:
+    from sim.engine.run import run_scenario
+    from sim.engine.workload import clear_routing_memo, workload_routing
+    from sim.scenario import load_scenario
+    from sim.schema import read_toml
+
+    path = Path(__file__).resolve().parents[2] / "scenarios" / f"{LONG_PROMPT_SCENARIO}.toml"
+    if not path.is_file():
+        return []
+    data = read_toml(path, str(path))
+    data["engine"]["flags"]["max-context"] = 2 * LONG_PROMPT_TOKENS
+    data["workload"]["requests"] = [{"prompt_tokens": LONG_PROMPT_TOKENS, "decode_tokens": 16, "measured": True}]
+    scenario = load_scenario(path, data)
+    clear_routing_memo()
+    start = time.perf_counter()
+    workload_routing(scenario)
+    generate_s = time.perf_counter() - start
+    result = {}
+    seconds = _best_seconds(lambda: result.update(r=run_scenario(scenario)), repeats=2)
+    events = result["r"].summary["simulated_events"]
+    return [_row("routing_256k_prompt_generate", round(generate_s, 2), "s wall (trace generator, 1 request)"),
+            _row("run_strata_256k_prompt", round(seconds, 2), "s wall, routing built", "< 5", seconds < 5),
+            _row("run_strata_256k_prompt_events", events, "SimPy events")]
+
+
 # The sweep benchmark (issue 5: 1,000 points on 2 cores in < 5 min, >= 1.7x from 1 to 2 workers): the seed
 # scenario ds4-504-per-class over 10 cache budgets x 10 VRAM reserves x 10 prefill chunks, each point a full
 # engine run (routing from the per-process memo after a worker's first point).
@@ -217,6 +249,7 @@ def run_bench(decode_tokens: int = 100_000, sweep: bool = True) -> list[dict]:
         same = round(miss_ratio * lookups) == ours["misses"]
         rows.append(_row("libcachesim_same_misses", same, "bool", "True", same))
     rows += _scenario_rows()
+    rows += long_prompt_rows()
     if sweep:
         rows += sweep_rows()
         rows += mrc_sweep_rows()

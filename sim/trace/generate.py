@@ -406,6 +406,19 @@ def _search(cum, x):
     return lo
 
 
+@nb.njit(inline="always")
+def _pick(x, n, sel, srt, stamp, mark):
+    """Append expert x to the n picks: sel in pick order, srt kept ascending, x stamped; returns n + 1."""
+    sel[n] = x
+    stamp[x] = mark
+    i = n - 1
+    while i >= 0 and srt[i] > x:
+        srt[i + 1] = srt[i]
+        i -= 1
+    srt[i + 1] = x
+    return n + 1
+
+
 @nb.njit(cache=True)
 def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer):
     e_n = w.shape[1]
@@ -446,7 +459,10 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
     cum = np.zeros((n_layers, n_ctx, e_n))
     prev = np.zeros((n_layers, k), np.int64)
     sel = np.zeros(k, np.int64)
-    srt = np.zeros(k, np.int64)
+    srt = np.zeros(k, np.int64)  # the picks of the current (token, layer) in ascending id order
+    # stamp[e] == mark: e is already picked for the current (token, layer); one O(1) test instead of a scan
+    stamp = np.zeros(e_n, np.int64)
+    mark = 0
     mate_weight = np.zeros(members.shape[1])  # group mates' current weights, 0 once picked
     any_hash = False
     for layer in range(n_layers):
@@ -483,6 +499,8 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                 tid = _search(vocab_cum, _rand(st) * vocab_cum[vocab_cum.shape[0] - 1])
             for layer in range(n_layers):
                 n = 0
+                mark += 1
+                removed = 0.0  # the summed weights of the picks so far, in pick order
                 if is_hash[layer]:
                     attempt = 0
                     while n < k:
@@ -499,14 +517,14 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                             sel[n] = x
                             n += 1
                 else:
+                    c = cum[layer, ctx]
+                    total = c[e_n - 1]
                     if t > 0:
                         p_keep = rho[ph, layer]
                         for j in range(k):
                             if _rand(st) < p_keep:
-                                sel[n] = prev[layer, j]
-                                n += 1
-                    c = cum[layer, ctx]
-                    total = c[e_n - 1]
+                                n = _pick(prev[layer, j], n, sel, srt, stamp, mark)
+                                removed += c[sel[n - 1]] - (c[sel[n - 1] - 1] if sel[n - 1] > 0 else 0.0)
                     while n < k:
                         x = -1
                         if n > 0 and partner[layer] > 0.0 and _rand(st) < partner[layer]:
@@ -521,10 +539,8 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                                 for i in range(size):
                                     y = members[layer, s0 + i]
                                     mate_weight[i] = c[y] - (c[y - 1] if y > 0 else 0.0)
-                                    for j in range(n):
-                                        if sel[j] == y:
-                                            mate_weight[i] = -1.0  # already picked
-                                            break
+                                    if stamp[y] == mark:
+                                        mate_weight[i] = -1.0  # already picked
                                     if mate_weight[i] >= 0.0:
                                         tot += mate_weight[i]
                                 if tot > 0.0:
@@ -540,18 +556,6 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                             # an exact draw without replacement: a point of the range with the picked
                             # experts cut out, mapped back onto cum by adding the widths of the cut
                             # intervals below it (picked ids visited in ascending order)
-                            removed = 0.0
-                            for j in range(n):
-                                y = sel[j]
-                                srt[j] = y
-                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
-                            for j in range(1, n):
-                                y = srt[j]
-                                i = j - 1
-                                while i >= 0 and srt[i] > y:
-                                    srt[i + 1] = srt[i]
-                                    i -= 1
-                                srt[i + 1] = y
                             left = total - removed
                             if left > total * 1e-9:
                                 xx = _rand(st) * left
@@ -562,27 +566,15 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                                     else:
                                         break
                                 y = _search(c, xx)
-                                ok = c[y] - (c[y - 1] if y > 0 else 0.0) > 0.0
-                                for j in range(n):
-                                    if sel[j] == y:
-                                        ok = False
-                                        break
-                                if ok:
+                                if c[y] - (c[y - 1] if y > 0 else 0.0) > 0.0 and stamp[y] != mark:
                                     x = y
                         if x < 0:  # fewer than k experts with weight: take a free id from a random start
                             y = int(_rand(st) * e_n)
-                            while True:
-                                dup = False
-                                for j in range(n):
-                                    if sel[j] == y:
-                                        dup = True
-                                        break
-                                if not dup:
-                                    break
+                            while stamp[y] == mark:
                                 y = (y + 1) % e_n
                             x = y
-                        sel[n] = x
-                        n += 1
+                        n = _pick(x, n, sel, srt, stamp, mark)
+                        removed += c[x] - (c[x - 1] if x > 0 else 0.0)
                 for j in range(k):
                     prev[layer, j] = sel[j]
                     out[row, layer, j] = sel[j]
