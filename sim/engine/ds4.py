@@ -357,7 +357,7 @@ class Ds4:
         n_parts = PARTS_PER_EXPERT * len(experts)
         n_bytes = int(self.expert_bytes[layer]) * len(experts)
         drive = yield from self._read(thread, layer, experts)
-        self.m.h2d.copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
+        self.m.h2d.book_copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
         yield thread.hold(n_parts * self.m.sync_s, 0, n_parts, "stream sync", ready_s=self.m.h2d.end_of_last())
         return drive
 
@@ -381,9 +381,9 @@ class Ds4:
             rate = self.m.d2d.bytes_per_s
             if self.variant.hit_copy == "memcpy":
                 n = PARTS_PER_EXPERT * n_experts
-                self.m.gpu.hold(n * self.m.memcpy_call_s + n_bytes / rate, n_bytes, n, "D2D memcpy")
+                self.m.gpu.book(n * self.m.memcpy_call_s + n_bytes / rate, n_bytes, n, "D2D memcpy")
             else:
-                self.m.gpu.hold(self.m.kernel_launch_s + n_bytes / rate, n_bytes, 1, "D2D gather kernel")
+                self.m.gpu.book(self.m.kernel_launch_s + n_bytes / rate, n_bytes, 1, "D2D gather kernel")
             ready = self.m.gpu.end_of_last()
         yield thread.hold(then_s, 0, 1 if then_s else 0, then_kind, ready_s=ready)
 
@@ -402,10 +402,11 @@ class Ds4:
 
     # --- decode ----------------------------------------------------------------------------------
 
-    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float):
+    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float,
+                         ready_s: float):
         """begin_compact_load for one decode layer: ids back, lookup, misses, hand-over (see the module doc)."""
         m = self.m
-        yield thread.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback")
+        yield thread.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback", ready_s=ready_s)
         yield from self._grow_staging(thread, int(len(experts) * self.expert_bytes[layer]))
         pool = yield from self._prepare(thread, int(self.class_of_layer[layer]))
         outcome, _, _ = self.cache.access(layer, experts, pool, MODE_EVICT)
@@ -415,13 +416,13 @@ class Ds4:
         fetch = experts[outcome != HIT]
         k = len(experts)
         if self.hits_first:  # #1082: the hits' experts run while the misses are read
-            m.gpu.hold(routed_s * hits / k, 0, 0, "routed experts (hits)")
+            m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
             drive = 0
             if self.pool is not None:
                 yield from self._pool_load(layer, fetch)
             else:
                 drive = yield from self._load(thread, layer, fetch)
-            m.gpu.hold(routed_s * (k - hits) / k, 0, 0, "routed experts (misses)")
+            m.gpu.book(routed_s * (k - hits) / k, 0, 0, "routed experts (misses)")
         else:
             drive = yield from (self._pool_load(layer, fetch) if self.pool is not None else
                                 self._load(thread, layer, fetch))
@@ -432,20 +433,22 @@ class Ds4:
     def _decode_layer(self, layer: int, experts: np.ndarray, row: dict):
         m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
-        m.gpu.hold(other_s, 0, 0, "attention + router")  # enqueued; the main thread's sync waits for it
-        yield self.main.hold(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
+        m.gpu.book(other_s, 0, 0, "attention + router")  # enqueued; the main thread's sync waits for it
+        # the sync is booked, not waited on by itself: what comes next starts at its end (ready_s), and the
+        # first wait is the ids readback after it
+        synced = self.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
         if self.overlap:
             # the main thread enqueues the shared expert and joins the worker, which does the fetch meanwhile.
             # The worker is this process: the main thread has nothing else to do until the join, and its enqueue
             # lands on the stream before any of the worker's copies (FIFO on the stream either way).
-            m.gpu.hold(shared_s, 0, 0, "shared expert")
-            yield from self._select_and_load(self.worker, layer, experts, row, routed_s)
+            m.gpu.book(shared_s, 0, 0, "shared expert", ready_s=synced)
+            yield from self._select_and_load(self.worker, layer, experts, row, routed_s, synced)
             yield self.main.hold(m.sync_s, 0, 1, "flush + join", ready_s=m.gpu.idle_at())
         else:  # the synchronous path: the main thread fetches, then enqueues the shared expert
-            yield from self._select_and_load(self.main, layer, experts, row, routed_s)
-            m.gpu.hold(shared_s, 0, 0, "shared expert")
+            yield from self._select_and_load(self.main, layer, experts, row, routed_s, synced)
+            m.gpu.book(shared_s, 0, 0, "shared expert")
         if not self.hits_first:
-            m.gpu.hold(routed_s, 0, 0, "routed experts")  # enqueued; the next layer's work queues behind it
+            m.gpu.book(routed_s, 0, 0, "routed experts")  # enqueued; the next layer's work queues behind it
 
     def _decode_token(self, request: int, phase: str, step_no: int, routing: np.ndarray,
                       mtp_routing: np.ndarray | None = None):
@@ -489,7 +492,7 @@ class Ds4:
             hits, inserts, direct, handed = 0, 0, len(union), 0
             row.update(lookups=len(union))
         yield self.main.hold(m.memcpy_call_s, 0, 1, "slot map upload")
-        m.gpu.hold(shared_s + routed_s, 0, 0, "shared + routed experts (chunk)")
+        m.gpu.book(shared_s + routed_s, 0, 0, "shared + routed experts (chunk)")
         self._record(row, layer, hits, inserts, direct, handed, drive)
 
     def _prefill_chunk(self, request: int, step_no: int, rows: np.ndarray):

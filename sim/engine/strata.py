@@ -718,12 +718,12 @@ class Strata:
         h2d = int(blobs.sum())
         pinned = int(blobs[homes_in == RAM_PINNED].sum())
         seconds = len(cand) * self.copy_lat_s + pinned / self.h2d_pinned + (h2d - pinned) / self.h2d_pageable
-        self.m.h2d.hold(seconds, h2d, len(cand), "adaptive swap")  # a side stream: nobody waits for it
+        self.m.h2d.book(seconds, h2d, len(cand), "adaptive swap")  # a side stream: nobody waits for it
         d2h = 0
         to_ram = homes_in != FILE  # the victim takes the incoming pair's place in RAM (none in the file tier)
         if self.flags.ram_mode != "arena" and to_ram.any():
             d2h = int(self.pair_blob[victim[to_ram]].sum())
-            self.m.d2h.hold(int(to_ram.sum()) * self.copy_lat_s + d2h / self.d2h_pageable, d2h, int(to_ram.sum()),
+            self.m.d2h.book(int(to_ram.sum()) * self.copy_lat_s + d2h / self.d2h_pageable, d2h, int(to_ram.sum()),
                             "adaptive swap")
         self.swaps += len(cand)
         return len(cand), h2d, d2h, int((homes_in == FILE).sum())

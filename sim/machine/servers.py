@@ -57,6 +57,12 @@ class Server:
              ready_s: float = 0.0) -> simpy.Event:
         """A job of `seconds` issued now that cannot start before ready_s (its input, a job already booked on
         another server, ends then); the event fires when it is done."""
+        return self.env.timeout(self.book(seconds, n_bytes, n_ops, kind, ready_s) - self.env.now)
+
+    def book(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy",
+             ready_s: float = 0.0) -> float:
+        """`hold` for a job nobody waits on by itself (a kernel enqueued on a stream that a later sync waits
+        for): the same booking, its end time instead of an event, so it costs the event loop nothing."""
         free = self.free_at
         lane = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
         now = self.env.now
@@ -69,7 +75,7 @@ class Server:
         self.log.append((start, end, int(n_bytes), n_ops, kind))
         if self.dram is not None and n_bytes and seconds > 0:
             self.dram.reserve_during(start, end, self.dram_traffic * n_bytes / seconds)
-        return self.env.timeout(end - now)
+        return end
 
     def record(self, start: float, end: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> None:
         """A job whose end another resource decided (a copy sharing DRAM): logged, and the lane busy until it
@@ -83,6 +89,10 @@ class Server:
     def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", ready_s: float = 0.0) -> simpy.Event:
         """A copy job: `n_ops` operations moving `n_bytes` in all."""
         return self.hold(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind, ready_s)
+
+    def book_copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", ready_s: float = 0.0) -> float:
+        """`copy` booked without an event (see `book`): its end time."""
+        return self.book(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind, ready_s)
 
     def end_of_last(self) -> float:
         """When the job issued last ends (single-lane servers: the lane's free time)."""
