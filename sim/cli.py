@@ -274,11 +274,6 @@ def _print_mrc(curve, trace, as_json: bool) -> None:
 
 # --- run -----------------------------------------------------------------------------------------
 
-HEADLINE = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
-            "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate", "ttft_s", "simulated_s",
-            "gpu_idle_s")
-
-
 @app.command()
 def run(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
@@ -316,8 +311,10 @@ def run(
         out.print(_table("per phase", s["per_phase"]))
         out.print(_table("per class", s["per_class"]))
         return
+    from sim.explore.runner import METRICS
+
     out.print(_table(f"{scenario_path}: {s['engine']} {s['variant']} on {s['hardware']}, {s['model']}",
-                     [{"key": k, "value": s[k]} for k in HEADLINE], ["key", "value"]))
+                     [{"key": k, "value": s[k]} for k in METRICS if k in s], ["key", "value"]))
     out.print(_table("links", s["links"]))
     for notice in s["engine_state"].get("notices", []):
         out.print(f"engine: {notice}")
@@ -431,8 +428,8 @@ def sweep(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    from sim.explore.sweep import HEADLINE as SWEEP_HEADLINE, REPLAY_METRICS, expand_grid, load_sweep, open_results, \
-        run_sweep
+    from sim.explore.runner import METRICS, REPLAY_METRICS
+    from sim.explore.sweep import expand_grid, load_sweep, open_results, run_sweep
 
     points = expand_grid(scenario_path, grid)
     if points:
@@ -454,7 +451,8 @@ def sweep(
     frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
     keys = list(points[0].overrides) if points else []
     extra = [c for c in (*REPLAY_METRICS, "method") if c in frame]  # absent from rows of older sweeps
-    rows = json.loads(frame[["point_id", *keys, *SWEEP_HEADLINE, *extra, "scenario_hash", "error", "wall_s"]]
+    metrics = [c for c in METRICS if c in frame]  # a folder of an older version may lack some
+    rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", "wall_s"]]
                       .to_json(orient="records"))
     if as_json:
         _print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
@@ -503,6 +501,43 @@ def plan(
                                      for k, v in payload["recommended"].items()], ["key", "value", "scenario"]))
     for line in payload["explanations"]:
         out.print(f"- {line}")
+
+
+@app.command()
+def validate(
+    case: list[str] = typer.Option([], "--case", help="a case id (scenarios/validation/ID.toml); repeat for more; "
+                                   "default: every case"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for validation.json and .parquet"),
+    workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
+    as_json: bool = typer.Option(False, "--json", help="print the record as JSON only"),
+):
+    """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
+    from sim.explore.validate import load_cases, validate_cases, write_record
+
+    cases = load_cases(case or None)
+    record = validate_cases(cases, workers=workers)
+    if output is not None:
+        record["files"] = write_record(record, output)
+    if as_json:
+        _print_json(record)
+        return
+    shown = []
+    for r in record["rows"]:
+        if r["metric"] is None:
+            shown.append({"case": r["case"], "role": r["role"], "figure": r["note"]})
+            continue
+        measured = r["measured_low"] if r["measured_low"] == r["measured_high"] else \
+            f"{_fmt(r['measured_low'])}-{_fmt(r['measured_high'])}"
+        error = None if r["error"] is None else (f"{r['error']:+.1f} pt" if r["kind"] == "percent"
+                                                 else f"{r['error']:+.1%}")
+        shown.append({"case": r["case"], "role": r["role"], "figure": f"{r['metric']} {r['kind']} {r['arms']}",
+                      "predicted": r["predicted"], "measured": measured, "error": error,
+                      "ok": {True: "yes", False: "no", None: r["failed"] and "failed"}[r["within"]],
+                      "out of domain": len(r["out_of_domain"]) or None})
+    t = record["totals"]
+    out.print(_table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['prediction_rows_within']}"
+                     f" of {t['prediction_rows_judged']} prediction figures within tolerance", shown,
+                     ["case", "role", "figure", "predicted", "measured", "error", "ok", "out of domain"]))
 
 
 @app.command()

@@ -155,10 +155,10 @@ def test_sweep_report(tmp_path):
     types = [[t["type"] for t in s["data"]] for s in specs]
     assert types[0] == ["table"]
     heatmaps = [s for s in specs if s["data"][0]["type"] == "heatmap"]
-    # decode and prefill tok/s and the decode hit rate vs cache size and reserve (the overall and prefill hit
-    # rates are columns of cache-only replays only)
+    # decode and prefill tok/s and hit rates vs cache size and reserve (the overall hit rate is a column of
+    # cache-only replays only)
     assert [h["data"][0]["colorbar"]["title"]["text"] for h in heatmaps] == [
-        "decode_tok_s", "prefill_tok_s", "decode_hit_rate"]
+        "decode_tok_s", "prefill_tok_s", "decode_hit_rate", "prefill_hit_rate"]
     heat = heatmaps[0]["data"][0]
     assert sorted(heat["x"]) == [4096, 9472] and sorted(heat["y"]) == [8, 12]
     assert all(v is not None and v > 0 for row in heat["z"] for v in row)

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from sim.errors import InputError
-from sim.explore.sweep import expand_grid, load_sweep, plan_tasks, run_mrc_points, run_point, run_sweep
+from sim.explore.runner import evaluate, evaluate_mrc, plan_tasks
+from sim.explore.sweep import expand_grid, load_sweep, run_sweep
 from sim.trace.format import Trace, TraceHeader, write_trace
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -242,9 +243,8 @@ def test_a_group_that_fails_at_run_time_gives_each_point_the_error_a_run_gives(t
     text = REPLAY.read_text().replace('generator = "qwen3.8-flash-next-iq3s"\nseed = 0', 'path = "short.parquet"')
     (tmp_path / "s.toml").write_text(text)  # the trace has 4 prompt rows and no decode; the workload asks for more
     points = expand_grid(tmp_path / "s.toml", [f"{SLOTS}=64,128"])
-    group = run_mrc_points(str(tmp_path / "s.toml"), [(p.data, p.overrides, p.point_id, p.scenario_hash)
-                                                        for p in points])
-    each = [run_point(p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash) for p in points]
+    group = evaluate_mrc(points)
+    each = [evaluate(p) for p in points]
     assert "request 0 decode = 0: the workload needs 1024 tokens" in group[0]["error"]
     for mrc_row, run_row in zip(group, each):
         assert {k: v for k, v in mrc_row.items() if k not in ("method", "wall_s")} == \

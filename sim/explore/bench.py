@@ -185,7 +185,8 @@ def mrc_sweep_rows(grid: tuple[str, ...] = (MRC_GRID,)) -> list[dict]:
     """Wall seconds of the grid's sweep by the one-pass path and by a replay per point, and the speed-up; then
     the same two computations in this process with imports, numba and the routing memo warm (best of 1 after a
     warm-up), which is how the two paths scale with the number of points, pool start-up left out."""
-    from sim.explore.sweep import expand_grid, run_mrc_points, run_point, run_sweep
+    from sim.explore.runner import evaluate, evaluate_mrc
+    from sim.explore.sweep import expand_grid, run_sweep
 
     points = expand_grid(Path(__file__).resolve().parents[2] / "scenarios" / f"{MRC_SCENARIO}.toml", list(grid))
     wall = {}
@@ -194,10 +195,8 @@ def mrc_sweep_rows(grid: tuple[str, ...] = (MRC_GRID,)) -> list[dict]:
             start = time.perf_counter()
             run_sweep(points, Path(tmp) / f"mrc-{mrc}", executor="processes", workers=SWEEP_WORKERS, mrc=mrc)
             wall[mrc] = time.perf_counter() - start
-    items = [(p.data, p.overrides, p.point_id, p.scenario_hash) for p in points]
-    path = points[0].scenario_path
-    compute = {True: _best_seconds(lambda: run_mrc_points(path, items), repeats=1),
-               False: _best_seconds(lambda: [run_point(path, *item) for item in items], repeats=1)}
+    compute = {True: _best_seconds(lambda: evaluate_mrc(points), repeats=1),
+               False: _best_seconds(lambda: [evaluate(p) for p in points], repeats=1)}
     where = f"{len(points)} cache sizes of {MRC_SCENARIO}"
     return [_row("sweep_mrc_cache_sizes", round(wall[True], 2), f"s wall, one-pass curve ({where}, "
                                                                  f"{SWEEP_WORKERS} worker processes)"),

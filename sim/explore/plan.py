@@ -7,7 +7,7 @@
 Candidates come from `sweep.expand_grid` (the same `--grid KEY=...` spelling and checks); combinations that
 cannot load, and ones the pure memory planners show cannot fit (ds4: the reserve leaves no VRAM for a cache;
 Strata: the reserve exceeds the VRAM free at sizing), are pruned before running. Each remaining candidate is
-simulated with `run_scenario` (sequentially, or on spawned processes with workers > 1). Constraints filter,
+simulated by the experiment runner (sim/explore/runner.py: here, or on spawned processes with workers > 1). Constraints filter,
 the objective ranks, ties go to the candidate that changes fewest settings of the scenario. Each recommended
 setting is explained by the candidates that differ from the recommendation in that setting only.
 """
@@ -23,17 +23,11 @@ from typing import Any
 
 from sim import engine as engines
 from sim.errors import InputError
-from sim.units import MIB
+from sim.explore.runner import METRICS, load_scenario_data, run_points
 
 WHERE = "plan"
 NO_DIFFERENCE = 0.03  # alternatives within 3 % of the objective are reported as "no difference"
 
-# Numeric summary keys of run_scenario, plus the VRAM metrics the plan derives from the step frame.
-SUMMARY_KEYS = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
-                "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate", "belady_gap",
-                "ttft_s", "simulated_s", "gpu_idle_s")
-DERIVED_KEYS = ("vram_peak_mib", "vram_free_mib")
-METRICS = SUMMARY_KEYS + DERIVED_KEYS
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
        "=": operator.eq}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|==|=|>|<)\s*(\S+)\s*$")
@@ -128,30 +122,6 @@ def prune_reason(scenario) -> str | None:
     return engines.rules(scenario.engine.name).prune(scenario)
 
 
-# ----------------------------------------------------------------------------------------------- runs
-
-
-def evaluate(scenario_path: str, data: dict) -> dict:
-    """Simulate one candidate: its numeric summary metrics, the VRAM ones, its notices (or `error`)."""
-    from sim.engine.run import run_scenario
-    from sim.explore.sweep import load_scenario_data
-
-    try:
-        scenario = load_scenario_data(scenario_path, data)
-        result = run_scenario(scenario)
-    except Exception as exc:  # noqa: BLE001 - a failing candidate records its error; the plan goes on
-        text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-        return {"error": " ".join(text.split())[:300]}
-    s = result.summary
-    metrics = {k: (None if s.get(k) is None else float(s[k])) for k in SUMMARY_KEYS}
-    total = scenario.hardware_profile.vram_bytes
-    peak = float(result.steps["vram_used_bytes"].max()) if len(result.steps) else 0.0
-    metrics["vram_peak_mib"] = peak / MIB
-    metrics["vram_free_mib"] = (total - peak) / MIB
-    notices = list(dict.fromkeys(s["engine_state"].get("notices", [])))
-    return {"metrics": metrics, "notices": notices[:6], "error": None}
-
-
 @dataclass
 class Candidate:
     settings: dict  # knob key -> value (every knob of the plan)
@@ -175,15 +145,11 @@ class Candidate:
                 "error": self.error, "pruned": self.pruned, "notices": self.notices}
 
 
-def _run_all(path: str, points, workers: int) -> list[dict]:
-    if workers <= 1 or len(points) <= 1:
-        return [evaluate(path, p.data) for p in points]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=min(workers, len(points)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(evaluate, [path] * len(points), [p.data for p in points]))
+def _run_all(points: list, workers: int) -> list[dict]:
+    """The candidates' rows, in the order of `points`, from the experiment runner."""
+    executor = "inline" if workers <= 1 or len(points) <= 1 else "processes"
+    rows = {p.point_id: row for p, row in run_points(points, executor, min(workers, max(len(points), 1)))}
+    return [rows[p.point_id] for p in points]
 
 
 # ------------------------------------------------------------------------------------------- the plan
@@ -253,15 +219,14 @@ def _expand(path: str, base: dict, knobs: list[tuple[str, list]], base_settings:
         if p.error is not None:
             cand.error = p.error
             continue
-        from sim.explore.sweep import load_scenario_data
-
         cand.pruned = prune_reason(load_scenario_data(path, p.data))
         if cand.pruned is None:
             todo.append((cand, p))
-    for (cand, _), row in zip(todo, _run_all(path, [p for _, p in todo], workers)):
-        cand.error = row.get("error")
+    for (cand, _), row in zip(todo, _run_all([p for _, p in todo], workers)):
+        cand.error = row["error"]
         if cand.error is None:
-            cand.metrics, cand.notices = row["metrics"], row["notices"]
+            cand.metrics = {k: None if row[k] is None else float(row[k]) for k in METRICS}
+            cand.notices = row["notices"][:6]
             cand.violations = [c.text for c in constraints if not c.ok(cand.metrics)]
     return fresh
 
@@ -427,5 +392,5 @@ def _owns(plan: "Plan", c: Candidate) -> bool:
             and engines.rules(plan.engine).owned_buffers(c.settings))
 
 
-__all__ = ["Constraint", "METRICS", "NoFeasiblePlan", "Plan", "default_knobs", "evaluate",
-           "explain", "make_plan", "parse_constraint", "parse_objective", "prune_reason"]
+__all__ = ["Constraint", "NoFeasiblePlan", "Plan", "default_knobs", "explain", "make_plan", "parse_constraint",
+           "parse_objective", "prune_reason"]

@@ -17,23 +17,17 @@ written atomically (tmp + rename) as soon as the point finishes, so an interrupt
 `resume=True` skips every point already on disk. A point's ID hashes its overrides and the base scenario hash.
 A point that fails records its error (one line) and the sweep goes on.
 
-The one-pass path: points of a cache-only replay (`[engine] name = "replay"`) with an evicting LRU (policy
-lru, prefill-mode evict) whose grid varies the slot count `engine.flags.slots` are grouped by all their other
-overrides, and each group is computed from one miss-ratio curve (sim.cache.replay.lru_mrc) instead of a
-replay per point: LRU is a stack algorithm only when every miss evicts, so the curve's hits at c slots are
-exactly a replay's. The rows are those a replay per point gives; column `method` says which path made each
-("mrc" or "run"). Every point still gets its own row, written as its group finishes.
+Points are evaluated by the experiment runner (sim/explore/runner.py), which also groups a cache-only LRU's
+slot counts into one miss-ratio curve; column `method` says which path made each row ("mrc" or "run").
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import json
 import math
 import os
-import time
 import tomllib
 import types
 import typing
@@ -44,73 +38,14 @@ from typing import Any, Callable
 import pandas as pd
 
 from sim.errors import InputError
+from sim.explore.runner import COUNTS, METRICS, REPLAY_METRICS, Point, load_point, run_points, set_key, split_key
 
 SCHEMA = "expertsim.sweep/1"
-HEADLINE = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
-            "decode_tok_s", "decode_hit_rate", "ttft_s", "simulated_s")
-# A cache-only replay's rows add these (its tok/s, TTFT... are null): sim.engine.cache_only.FIGURES.
-REPLAY_METRICS = ("prefill_hit_rate", "hit_rate", "misses", "load_bytes")
-COUNTS = ("cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")
-SLOTS_KEY = "engine.flags.slots"  # the replay's slot count: the dimension the one-pass path computes
 MAX_RANGE_VALUES = 100_000
 EXECUTORS = ("processes", "dask")
 
 
-# ------------------------------------------------------------------------------------------ loading
-
-
-def load_scenario_data(path: str | Path, data: dict):
-    """`load_scenario(path)` with `data` in place of the file's parsed TOML."""
-    from sim.scenario import load_scenario
-
-    return load_scenario(path, copy.deepcopy(data))
-
-
 # --------------------------------------------------------------------------------------------- grids
-
-
-@dataclass(frozen=True)
-class Point:
-    """One sweep point: its overrides (dotted key -> value), the scenario data they give, its id."""
-
-    scenario_path: str
-    overrides: dict
-    data: dict
-    point_id: str
-    base_hash: str
-    scenario_hash: str | None = None
-    error: str | None = None  # the combination does not load (the loader's one-line error)
-
-
-def _split_key(key: str) -> list[str | int]:
-    parts: list[str | int] = []
-    for part in key.replace("[", ".").replace("]", "").split("."):
-        if part == "":
-            raise ValueError("empty part")
-        parts.append(int(part) if part.isascii() and part.isdigit() else part)
-    return parts
-
-
-def _set(data: dict, parts: list[str | int], value: Any, where: str, key: str) -> None:
-    node: Any = data
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        here = ".".join(map(str, parts[:i])) or "(top level)"
-        if isinstance(node, list):
-            if not isinstance(part, int):
-                raise InputError(where, key, value, f"{here} is an array: index it with a number")
-            if part >= len(node):
-                raise InputError(where, key, value, f"{here} has {len(node)} entries (0..{len(node) - 1})")
-        elif isinstance(node, dict):
-            part = str(part)
-            if not last and part not in node:
-                node[part] = {}
-        else:
-            raise InputError(where, key, value, f"{here} is a value, not a table")
-        if last:
-            node[part] = value
-        else:
-            node = node[part]
 
 
 def _base_types(annotation: Any) -> set:
@@ -184,7 +119,7 @@ def parse_grid(spec: str, data: dict, where: str = "--grid") -> tuple[str, list[
     if not eq or not key:
         raise InputError(where, "--grid", spec, "write key=v1,v2,... or key=start:stop:step")
     try:
-        parts = _split_key(key)
+        parts = split_key(key)
     except ValueError:
         raise InputError(where, "--grid", spec, "the key must be a dotted path such as engine.flags.prefill-chunk")
     if isinstance(parts[0], int):
@@ -209,15 +144,6 @@ def parse_grid(spec: str, data: dict, where: str = "--grid") -> tuple[str, list[
     return key, parts, unique
 
 
-def _digest(payload: object) -> str:
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def point_id(base_hash: str, overrides: dict) -> str:
-    return _digest({"base_scenario": base_hash, "overrides": overrides})[:20]
-
-
 def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
     """Every combination of the grids' values (the first grid varies slowest), each loaded and checked.
 
@@ -238,27 +164,18 @@ def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
             raise InputError(where, "--grid", key, "given twice; put all its values in one --grid")
         for value in values:  # the schema alone: unknown keys, wrong types
             data = copy.deepcopy(base)
-            _set(data, parts, value, where, key)
+            set_key(data, parts, value, where, key)
             validate(where, Scenario, data)
         dims.append((key, parts, values))
     points: list[Point] = []
     worked: dict[tuple[str, str], bool] = {}
     first_error: dict[tuple[str, str], InputError] = {}
     for combo in itertools.product(*(values for _, _, values in dims)):
-        data = copy.deepcopy(base)
-        overrides = {}
-        for (key, parts, _), value in zip(dims, combo):
-            _set(data, parts, value, path, key)
-            overrides[key] = value
-        pid = point_id(base_hash, overrides)
-        try:
-            loaded = load_scenario_data(path, data)
-            point = Point(path, overrides, data, pid, base_hash, scenario_hash=scenario_hash(loaded))
-        except InputError as exc:
-            point = Point(path, overrides, data, pid, base_hash, error=str(exc))
-            for key, value in overrides.items():
-                first_error.setdefault((key, repr(value)), exc)
+        overrides = {key: value for (key, _, _), value in zip(dims, combo)}
+        point, error = load_point(path, base, overrides, base_hash)
         for key, value in overrides.items():
+            if error is not None:
+                first_error.setdefault((key, repr(value)), error)
             worked[(key, repr(value))] = worked.get((key, repr(value)), False) or point.error is None
         points.append(point)
     for (key, shown), ok in worked.items():
@@ -268,61 +185,17 @@ def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
     return points
 
 
-# ---------------------------------------------------------------------------------------------- runs
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())[:500]
-
-
-def _metrics(data: dict) -> tuple[str, ...]:
-    """A row's metric columns: the headline, plus a cache-only replay's hit rates, misses and bytes."""
-    return HEADLINE + REPLAY_METRICS if (data.get("engine") or {}).get("name") == "replay" else HEADLINE
-
-
-def _row(pid: str, overrides: dict, scenario_hash: str | None, data: dict, found: dict, error: str | None,
-         method: str | None, wall_s: float | None) -> dict:
-    """A point's row: its id and overrides, its metrics (null where `found` lacks one), error, method, time."""
-    return {"point_id": pid, **overrides, "scenario_hash": scenario_hash, **{k: found.get(k) for k in _metrics(data)},
-            "error": error, "method": method, "wall_s": wall_s}
-
-
-def run_point(scenario_path: str, data: dict, overrides: dict, pid: str, scenario_hash: str | None) -> dict:
-    """Simulate one point (in a worker process): its result row, with `error` set if it failed."""
-    from sim.engine.run import run_scenario
-
-    start = time.perf_counter()
-    try:
-        summary, error = run_scenario(load_scenario_data(scenario_path, data)).summary, None
-    except Exception as exc:  # noqa: BLE001 - a failing point records its error; the sweep goes on
-        summary, error = {}, _one_line(exc)
-    return _row(pid, overrides, scenario_hash, data, summary, error, "run", time.perf_counter() - start)
-
-
-def run_mrc_points(scenario_path: str, points: list[tuple[dict, dict, str, str | None]]) -> list[dict]:
-    """The rows of points (data, overrides, id, scenario hash) that differ only in SLOTS_KEY, a cache-only
-    evicting LRU, from one one-pass miss-ratio curve (in a worker process). Each row is the one run_point gives,
-    but for method "mrc" and wall_s: the group's time shared out evenly."""
-    from sim.engine.cache_only import mrc_figures
-
-    start = time.perf_counter()
-    try:
-        scenario = load_scenario_data(scenario_path, points[0][0])  # the slot count aside, every point's settings
-        figures, error = mrc_figures(scenario, [overrides[SLOTS_KEY] for _, overrides, _, _ in points]), None
-    except Exception as exc:  # noqa: BLE001 - every point of the group records the error run_point would
-        figures, error = [{}] * len(points), _one_line(exc)
-    wall_s = (time.perf_counter() - start) / len(points)
-    return [_row(pid, overrides, scenario_hash, data, found, error, "mrc", wall_s)
-            for (data, overrides, pid, scenario_hash), found in zip(points, figures)]
+# ---------------------------------------------------------------------------------------------- results
 
 
 def _row_frame(row: dict, overrides: dict) -> pd.DataFrame:
-    frame = pd.DataFrame([{**row, "overrides": json.dumps(overrides, sort_keys=True)}])
-    for k in (*HEADLINE, *REPLAY_METRICS):
+    flat = {**row, "overrides": json.dumps(overrides, sort_keys=True),
+            "notices": json.dumps(row.get("notices") or []), "out_of_domain": json.dumps(row.get("out_of_domain") or [])}
+    frame = pd.DataFrame([flat])
+    for k in (*METRICS, *REPLAY_METRICS):
         if k in frame:
             frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
-    for k in ("error", "scenario_hash", "method"):
+    for k in ("error", "scenario_hash", "method", "notices", "out_of_domain"):
         frame[k] = frame[k].astype("string")
     return frame
 
@@ -386,102 +259,6 @@ def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
     return done
 
 
-@dataclass(frozen=True)
-class Task:
-    """What one call in a worker computes: a point through its engine ("run"), or a group of points from one
-    miss-ratio curve ("mrc")."""
-
-    points: tuple[Point, ...]
-    method: str
-
-    def call(self) -> tuple[Callable, tuple]:
-        """The worker function and its arguments."""
-        if self.method == "mrc":
-            return run_mrc_points, (self.points[0].scenario_path,
-                                    [(p.data, p.overrides, p.point_id, p.scenario_hash) for p in self.points])
-        p = self.points[0]
-        return run_point, (p.scenario_path, p.data, p.overrides, p.point_id, p.scenario_hash)
-
-    def rows(self, result) -> list[dict]:
-        """The worker's result as one row per point, in the order of `points`."""
-        return result if self.method == "mrc" else [result]
-
-
-def _mrc_exact(point: Point) -> bool:
-    """Whether the one-pass curve gives this point exactly: a cache-only replay with an evicting LRU, its slot
-    count a grid dimension (a whole number, so the same count in every pool)."""
-    engine = point.data.get("engine") or {}
-    if point.error is not None or engine.get("name") != "replay" or SLOTS_KEY not in point.overrides:
-        return False
-    from sim.cache.replay import mrc_exact  # numba: imported only for a replay's sweep
-    from sim.scenario import ReplayFlags
-
-    flags = ReplayFlags.model_validate(engine.get("flags", {}))  # the point loaded: its flags are valid
-    return isinstance(point.overrides[SLOTS_KEY], int) and mrc_exact(flags.policy, flags.prefill_mode)
-
-
-def plan_tasks(points: list[Point], mrc: bool = True) -> list[Task]:
-    """A task per point, except (with `mrc`) the points the one-pass curve gives exactly: those are grouped by all
-    their other overrides, a task (one curve) per group. Groups come first: they finish fast."""
-    groups: dict[str, list[Point]] = {}
-    singles: list[Task] = []
-    for p in points:
-        if mrc and _mrc_exact(p):
-            rest = {k: v for k, v in p.overrides.items() if k != SLOTS_KEY}
-            groups.setdefault(json.dumps(rest, sort_keys=True), []).append(p)
-        else:
-            singles.append(Task((p,), "run"))
-    return [*(Task(tuple(group), "mrc") for group in groups.values()), *singles]
-
-
-def _local(tasks: list[Task], workers: int):
-    """Yield tasks as processes finish them (spawned workers: numba and imports warm once per worker)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-    try:
-        futures = {}
-        for task in tasks:
-            fn, args = task.call()
-            futures[pool.submit(fn, *args)] = task
-        for future in as_completed(futures):
-            yield futures[future], future
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _dask(tasks: list[Task], workers: int, scheduler: str | None):
-    try:
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise InputError("--executor", "executor", "dask",
-                         "needs dask[distributed]: pip install 'expertsim[cluster]'") from None
-    cluster = None
-    try:
-        if scheduler:
-            try:
-                client = Client(scheduler, timeout="20s")
-            except (OSError, TimeoutError) as exc:
-                raise InputError("--scheduler", "scheduler", scheduler, f"cannot connect: {_one_line(exc)}") from None
-        else:
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
-            client = Client(cluster)
-        try:
-            futures = {}
-            for task in tasks:
-                fn, args = task.call()
-                key = f"expertsim-{'point' if task.method == 'run' else 'mrc'}-{task.points[0].point_id}"
-                futures[client.submit(fn, *args, key=key, pure=False)] = task
-            for future in as_completed(futures):
-                yield futures[future], future
-        finally:
-            client.close()
-    finally:
-        if cluster is not None:
-            cluster.close()
-
-
 def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "processes", workers: int | None = None,
               scheduler: str | None = None, resume: bool = False,
               progress: Callable[[dict, int, int], None] | None = None, mrc: bool = True) -> SweepResult:
@@ -526,25 +303,8 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
         if progress is not None:
             progress(row, finished, len(seen))
 
-    runnable = []
-    for p in todo:
-        if p.error is not None:  # the combination does not load: record it, nothing to run
-            record(p, _row(p.point_id, p.overrides, None, p.data, {}, p.error, None, 0.0))
-        else:
-            runnable.append(p)
-    if not runnable:
-        return result
-    tasks = plan_tasks(runnable, mrc)
-    workers = workers or min(os.cpu_count() or 1, len(tasks))
-    stream = _local(tasks, workers) if executor == "processes" else _dask(tasks, workers, scheduler)
-    for task, future in stream:
-        try:
-            rows = task.rows(future.result())
-        except Exception as exc:  # noqa: BLE001 - a worker that died: its points record it
-            rows = [_row(p.point_id, p.overrides, p.scenario_hash, p.data, {}, f"worker failed: {_one_line(exc)}",
-                         task.method, None) for p in task.points]
-        for point, row in zip(task.points, rows):
-            record(point, row)
+    for point, row in run_points(todo, executor, workers, scheduler, mrc):
+        record(point, row)
     return result
 
 
@@ -555,12 +315,10 @@ def load_sweep(out_dir: str | Path) -> pd.DataFrame:
         raise InputError(str(out), "path", str(out), "not a sweep results folder (no manifest.json)")
     files = sorted((out / "points").glob("*.parquet"))
     if not files:
-        return pd.DataFrame(columns=["point_id", "scenario_hash", *HEADLINE, "error", "method", "wall_s",
-                                     "overrides"])
+        return pd.DataFrame(columns=["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error",
+                                     "method", "wall_s", "overrides"])
     frames = [pd.read_parquet(f) for f in files]
     return pd.concat(frames, ignore_index=True).sort_values("point_id", ignore_index=True)
 
 
-__all__ = ["HEADLINE", "REPLAY_METRICS", "Point", "SweepResult", "Task", "expand_grid", "load_scenario_data",
-           "load_sweep", "open_results", "parse_grid", "plan_tasks", "point_id", "run_mrc_points", "run_point",
-           "run_sweep"]
+__all__ = ["SweepResult", "expand_grid", "load_sweep", "open_results", "parse_grid", "run_sweep"]

@@ -1,0 +1,342 @@
+"""The experiment runner: a point is a scenario with some settings changed; `evaluate(point)` simulates it and
+gives its row; `run_points` evaluates many, here, on local processes or on a Dask cluster.
+
+    point = make_point("scenarios/ds4-504-per-class.toml", data, {"engine.flags.prefill-chunk": 2048}, base_hash)
+    row = evaluate(point)               # {"point_id", overrides..., METRICS..., "notices", "error", ...}
+    for point, row in run_points(points, executor="processes", workers=2): ...
+
+Sweep (a grid of points, persisted and resumable), plan (a search over candidate points) and validate (the arms
+of the validation cases) all go through here, so a point gives the same row whichever command asked for it
+(tests/test_runner.py), with one error policy: a point that does not load or fails records its error in one
+line and the others go on.
+
+The one-pass path: points of a cache-only replay with an evicting LRU (policy lru, prefill-mode evict) that
+differ only in the slot count `engine.flags.slots` are grouped, and each group is computed from one miss-ratio
+curve (sim.cache.replay.lru_mrc) instead of a replay per point: LRU is a stack algorithm only when every miss
+evicts, so the curve's hits at c slots are exactly a replay's. Column `method` says which path made a row.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from sim.errors import InputError
+from sim.units import MIB
+
+# The numbers every row carries: a run's headline (docs/metrics.md). A cache-only replay's rows add
+# REPLAY_METRICS (its tok/s, TTFT... are null): sim.engine.cache_only.FIGURES.
+METRICS = ("cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
+           "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate", "belady_gap", "ttft_s",
+           "simulated_s", "gpu_idle_s", "vram_peak_mib", "vram_free_mib", "ram_peak_mib")
+REPLAY_METRICS = ("hit_rate", "misses", "load_bytes")
+COUNTS = ("cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")  # whole numbers
+SLOTS_KEY = "engine.flags.slots"  # the replay's slot count: the dimension the one-pass path computes
+EXECUTORS = ("inline", "processes", "dask")
+
+
+def load_scenario_data(path: str | Path, data: dict):
+    """`load_scenario(path)` with `data` in place of the file's parsed TOML."""
+    from sim.scenario import load_scenario
+
+    return load_scenario(path, copy.deepcopy(data))
+
+
+# ---------------------------------------------------------------------------------------------- points
+
+
+@dataclass(frozen=True)
+class Point:
+    """A scenario file's data with overrides (dotted key -> value) applied, and its id."""
+
+    scenario_path: str
+    overrides: dict
+    data: dict
+    point_id: str
+    base_hash: str
+    scenario_hash: str | None = None
+    error: str | None = None  # the combination does not load (the loader's one-line error)
+
+
+def split_key(key: str) -> list[str | int]:
+    """`engine.flags.prefill-chunk`, `workload.requests.0.prompt_tokens` -> its parts (numbers index arrays)."""
+    parts: list[str | int] = []
+    for part in key.replace("[", ".").replace("]", "").split("."):
+        if part == "":
+            raise ValueError("empty part")
+        parts.append(int(part) if part.isascii() and part.isdigit() else part)
+    return parts
+
+
+def set_key(data: dict, parts: list[str | int], value: Any, where: str, key: str) -> None:
+    """Set `key` (its parts) to `value` in scenario data, creating tables on the way; a one-line error if the
+    path runs into a value or off an array."""
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        here = ".".join(map(str, parts[:i])) or "(top level)"
+        if isinstance(node, list):
+            if not isinstance(part, int):
+                raise InputError(where, key, value, f"{here} is an array: index it with a number")
+            if part >= len(node):
+                raise InputError(where, key, value, f"{here} has {len(node)} entries (0..{len(node) - 1})")
+        elif isinstance(node, dict):
+            part = str(part)
+            if not last and part not in node:
+                node[part] = {}
+        else:
+            raise InputError(where, key, value, f"{here} is a value, not a table")
+        if last:
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def _digest(payload: object) -> str:
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def point_id(base_hash: str, overrides: dict) -> str:
+    return _digest({"base_scenario": base_hash, "overrides": overrides})[:20]
+
+
+def make_point(path: str | Path, base: dict, overrides: dict, base_hash: str) -> Point:
+    """The point of `base` (a scenario's TOML data) with `overrides` applied, loaded through the scenario's own
+    checks: a combination that does not load is a point with `error` set."""
+    return load_point(path, base, overrides, base_hash)[0]
+
+
+def load_point(path: str | Path, base: dict, overrides: dict, base_hash: str) -> tuple[Point, InputError | None]:
+    """`make_point`, with the loader's error itself when the point does not load."""
+    from sim.scenario import scenario_hash
+
+    path = str(path)
+    data = copy.deepcopy(base)
+    for key, value in overrides.items():
+        try:
+            parts = split_key(key)
+        except ValueError:
+            raise InputError(path, key, value, "the key must be a dotted path such as engine.flags.prefill-chunk")
+        set_key(data, parts, value, path, key)
+    pid = point_id(base_hash, overrides)
+    try:
+        loaded = load_scenario_data(path, data)
+    except InputError as exc:
+        return Point(path, dict(overrides), data, pid, base_hash, error=str(exc)), exc
+    return Point(path, dict(overrides), data, pid, base_hash, scenario_hash=scenario_hash(loaded)), None
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def one_line(exc: BaseException) -> str:
+    """The error policy: an InputError's own line, anything else as `Type: message`, on one line."""
+    text = str(exc) if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500]
+
+
+def metrics_of(data: dict) -> tuple[str, ...]:
+    """A row's metric columns: the headline, plus a cache-only replay's hit rates, misses and bytes."""
+    return METRICS + REPLAY_METRICS if (data.get("engine") or {}).get("name") == "replay" else METRICS
+
+
+def _row(point: Point, found: dict, error: str | None, method: str | None, wall_s: float | None,
+         notices: list | None = None, out_of_domain: list | None = None) -> dict:
+    return {"point_id": point.point_id, **point.overrides, "scenario_hash": point.scenario_hash,
+            **{k: found.get(k) for k in metrics_of(point.data)}, "notices": list(notices or []),
+            "out_of_domain": list(out_of_domain or []), "error": error, "method": method, "wall_s": wall_s}
+
+
+def _figures(scenario, summary: dict) -> dict:
+    found = dict(summary)
+    if "vram_peak_mib" in summary and scenario.engine.name != "replay":
+        found["vram_free_mib"] = scenario.hardware_profile.vram_bytes / MIB - summary["vram_peak_mib"]
+    return found
+
+
+def evaluate(point: Point) -> dict:
+    """Simulate one point: its row (METRICS, the engine's notices and out-of-domain notes, or `error`)."""
+    from sim.engine.run import run_scenario
+
+    if point.error is not None:
+        return _row(point, {}, point.error, None, 0.0)
+    start = time.perf_counter()
+    try:
+        scenario = load_scenario_data(point.scenario_path, point.data)
+        summary = run_scenario(scenario).summary
+    except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
+        return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
+    notices = list(dict.fromkeys(summary.get("notices", [])))
+    return _row(point, _figures(scenario, summary), None, "run", time.perf_counter() - start, notices,
+                summary.get("out_of_domain"))
+
+
+def evaluate_mrc(points: list[Point]) -> list[dict]:
+    """The rows of points that differ only in SLOTS_KEY (a cache-only evicting LRU), from one one-pass miss-ratio
+    curve. Each row is the one `evaluate` gives, but for method "mrc" and wall_s: the group's time shared out."""
+    from sim.engine.cache_only import mrc_figures
+
+    start = time.perf_counter()
+    try:
+        scenario = load_scenario_data(points[0].scenario_path, points[0].data)  # every point's other settings
+        figures, error = mrc_figures(scenario, [p.overrides[SLOTS_KEY] for p in points]), None
+    except Exception as exc:  # noqa: BLE001 - every point of the group records the error evaluate would
+        figures, error = [{}] * len(points), one_line(exc)
+    wall_s = (time.perf_counter() - start) / len(points)
+    return [_row(p, found, error, "mrc", wall_s) for p, found in zip(points, figures)]
+
+
+def mrc_exact(point: Point) -> bool:
+    """Whether the one-pass curve gives this point exactly: a cache-only replay with an evicting LRU, its slot
+    count overridden by a whole number (the same count in every pool)."""
+    engine = point.data.get("engine") or {}
+    if point.error is not None or engine.get("name") != "replay" or SLOTS_KEY not in point.overrides:
+        return False
+    from sim.cache.replay import mrc_exact as exact  # numba: imported only for a replay's points
+    from sim.scenario import ReplayFlags
+
+    flags = ReplayFlags.model_validate(engine.get("flags", {}))  # the point loaded: its flags are valid
+    return isinstance(point.overrides[SLOTS_KEY], int) and exact(flags.policy, flags.prefill_mode)
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class Task:
+    """What one call in a worker computes: a point through its engine ("run"), or a group of points from one
+    miss-ratio curve ("mrc")."""
+
+    points: tuple[Point, ...]
+    method: str
+
+    def call(self) -> tuple[Callable, tuple]:
+        """The worker function and its arguments."""
+        if self.method == "mrc":
+            return evaluate_mrc, (list(self.points),)
+        return evaluate, (self.points[0],)
+
+    def rows(self, result) -> list[dict]:
+        """The worker's result as one row per point, in the order of `points`."""
+        return result if self.method == "mrc" else [result]
+
+
+def plan_tasks(points: list[Point], mrc: bool = True) -> list[Task]:
+    """A task per point, except (with `mrc`) the points the one-pass curve gives exactly: those are grouped by all
+    their other overrides, a task (one curve) per group. Groups come first: they finish fast."""
+    groups: dict[str, list[Point]] = {}
+    singles: list[Task] = []
+    for p in points:
+        if mrc and mrc_exact(p):
+            rest = {k: v for k, v in p.overrides.items() if k != SLOTS_KEY}
+            groups.setdefault(json.dumps(rest, sort_keys=True), []).append(p)
+        else:
+            singles.append(Task((p,), "run"))
+    return [*(Task(tuple(group), "mrc") for group in groups.values()), *singles]
+
+
+def _inline(tasks: list[Task]):
+    for task in tasks:
+        fn, args = task.call()
+        yield task, fn(*args)
+
+
+def _local(tasks: list[Task], workers: int):
+    """Tasks as spawned processes finish them (numba and imports warm once per worker)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {}
+        for task in tasks:
+            fn, args = task.call()
+            futures[pool.submit(fn, *args)] = task
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - a worker that died: its points record it
+                result = exc
+            yield futures[future], result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _dask(tasks: list[Task], workers: int, scheduler: str | None):
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise InputError("--executor", "executor", "dask",
+                         "needs dask[distributed]: pip install 'expertsim[cluster]'") from None
+    cluster = None
+    try:
+        if scheduler:
+            try:
+                client = Client(scheduler, timeout="20s")
+            except (OSError, TimeoutError) as exc:
+                raise InputError("--scheduler", "scheduler", scheduler, f"cannot connect: {one_line(exc)}") from None
+        else:
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+            client = Client(cluster)
+        try:
+            futures = {}
+            for task in tasks:
+                fn, args = task.call()
+                key = f"expertsim-{'point' if task.method == 'run' else 'mrc'}-{task.points[0].point_id}"
+                futures[client.submit(fn, *args, key=key, pure=False)] = task
+            for future in as_completed(futures):
+                try:
+                    result = future.result()
+                except Exception as exc:  # noqa: BLE001 - a worker that died: its points record it
+                    result = exc
+                yield futures[future], result
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def run_points(points: list[Point], executor: str = "processes", workers: int | None = None,
+               scheduler: str | None = None, mrc: bool = True) -> Iterator[tuple[Point, dict]]:
+    """Evaluate the points, yielding (point, row) as each finishes (in task order with "inline"). Points that do
+    not load yield their error row without running."""
+    import os
+
+    if executor not in EXECUTORS:
+        raise InputError("--executor", "executor", executor, f"must be one of: {', '.join(EXECUTORS[1:])}")
+    if workers is not None and workers < 1:
+        raise InputError("--workers", "workers", workers, "must be >= 1")
+    runnable = []
+    for p in points:
+        if p.error is not None:
+            yield p, _row(p, {}, p.error, None, 0.0)
+        else:
+            runnable.append(p)
+    if not runnable:
+        return
+    tasks = plan_tasks(runnable, mrc)
+    workers = workers or min(os.cpu_count() or 1, len(tasks))
+    if executor == "inline":
+        stream = _inline(tasks)
+    elif executor == "processes":
+        stream = _local(tasks, workers)
+    else:
+        stream = _dask(tasks, workers, scheduler)
+    for task, result in stream:
+        if isinstance(result, BaseException):
+            rows = [_row(p, {}, f"worker failed: {one_line(result)}", task.method, None) for p in task.points]
+        else:
+            rows = task.rows(result)
+        yield from zip(task.points, rows)
+
+
+__all__ = ["COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate",
+           "evaluate_mrc", "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
+           "point_id", "run_points", "set_key", "split_key"]

@@ -1,0 +1,274 @@
+"""Validation: every published measurement of the engines as a case, simulated through the experiment runner.
+
+    cases = load_cases()                      # scenarios/validation/*.toml, one case per file
+    record = validate_cases(cases, workers=2) # {"rows": [...], "cases": [...], "provenance": {...}}
+
+A case (one TOML file, `Case` below) holds a base scenario (the `[scenario]` table, as a scenario file would),
+its arms (each the base with some settings changed, in sweep's dotted-key spelling) and what was measured:
+a ratio between two arms (the primary figure: it cancels what the engines' authors did not publish), a
+percentage, or an absolute figure, each with its source. The tolerance is the kind's, one policy for all
+(TOLERANCE). A case's role is derived, never typed: `calibration` when a calibration record
+(sim/engine/records.py) names the case, else `prediction`. A measurement the model cannot express stays in
+the table as `not expressible: <what is missing>`.
+
+A measured figure may be a range (run-to-run spread as reported): the error is then the distance to the
+nearer end, zero inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sim.engine.records import RECORDS
+from sim.errors import InputError
+from sim.explore.runner import METRICS, make_point, run_points
+from sim.schema import Strict, read_toml, validate
+
+CASES_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
+SCHEMA = "expertsim.validation/1"
+# Tolerances (issue 11): a ratio between arms within 15 % of the measured ratio, a percentage within 10
+# points, an absolute figure within 25 %.
+TOLERANCE = {"ratio": 0.15, "percent": 10.0, "absolute": 0.25}
+PERCENT_METRICS = ("decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate")  # 0-1 in the summary
+
+
+class Arm(Strict):
+    name: str = Field(min_length=1)
+    # dotted scenario keys -> values, as sweep's --grid keys (engine.flags.prefill-chunk = 4096)
+    set: dict[str, Any] = Field(default_factory=dict)
+
+
+class Measured(Strict):
+    metric: Literal[METRICS]  # type: ignore[valid-type]
+    kind: Literal["ratio", "percent", "absolute"]
+    arms: list[str] = Field(min_length=1, max_length=2)  # ratio: [numerator, denominator]; else one arm
+    value: float | None = None
+    range: tuple[float, float] | None = None  # the reported spread, low and high
+    source: str = Field(min_length=8)
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Measured":
+        if (self.value is None) == (self.range is None):
+            raise ValueError("give the measured figure as value = X or range = [LOW, HIGH], one of them")
+        if self.range is not None and not self.range[0] <= self.range[1]:
+            raise ValueError("range = [LOW, HIGH] needs LOW <= HIGH")
+        if len(self.arms) != (2 if self.kind == "ratio" else 1):
+            raise ValueError("a ratio names two arms [numerator, denominator]; a percent or absolute figure one")
+        if self.kind == "percent" and self.metric not in PERCENT_METRICS:
+            raise ValueError(f"a percent figure is a hit rate: one of {', '.join(PERCENT_METRICS)}")
+        return self
+
+    @property
+    def low(self) -> float:
+        return self.value if self.range is None else self.range[0]
+
+    @property
+    def high(self) -> float:
+        return self.value if self.range is None else self.range[1]
+
+
+class Case(Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    title: str = Field(min_length=4)
+    source: str = Field(min_length=4)
+    # what the model lacks to express the case; a case with it has no scenario, arms or measurements
+    not_expressible: str | None = None
+    scenario: dict | None = None  # the base scenario inline, as a scenario file holds it
+    base: str | None = None  # or a scenario file, relative to the case file (a seed scenario)
+    arms: list[Arm] = Field(default_factory=list)
+    measured: list[Measured] = Field(default_factory=list)
+
+    @field_validator("arms", mode="after")
+    @classmethod
+    def _unique(cls, arms: list[Arm]) -> list[Arm]:
+        names = [a.name for a in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique, got {names}")
+        return arms
+
+    @model_validator(mode="after")
+    def _complete(self) -> "Case":
+        if self.not_expressible is not None:
+            if self.scenario or self.base or self.arms or self.measured:
+                raise ValueError("a case that is not expressible has no scenario, arms or measured figures")
+            return self
+        if (self.scenario is None) == (self.base is None) or not self.arms or not self.measured:
+            raise ValueError("a case needs a [scenario] table or a base = \"scenario file\" (one of them), [[arms]] "
+                             "and [[measured]] figures (or not_expressible = \"what is missing\")")
+        names = {a.name for a in self.arms}
+        for m in self.measured:
+            unknown = [a for a in m.arms if a not in names]
+            if unknown:
+                raise ValueError(f"measured {m.metric} names unknown arms {unknown}; arms: {sorted(names)}")
+        return self
+
+    @property
+    def role(self) -> str:
+        """calibration when a calibration record was fitted from this case, else prediction."""
+        return "calibration" if any(r.case == self.id for r in RECORDS) else "prediction"
+
+
+def load_case(path: str | Path) -> Case:
+    path = Path(path)
+    case = validate(str(path), Case, read_toml(path, str(path)))
+    if case.id != path.stem:
+        raise InputError(str(path), "id", case.id, f"must be the file's name ({path.stem})")
+    return case
+
+
+def case_paths(folder: Path = CASES_DIR) -> list[Path]:
+    return sorted(folder.glob("*.toml"))
+
+
+def load_cases(ids: list[str] | None = None, folder: Path = CASES_DIR) -> list[tuple[Path, Case]]:
+    """The cases of `folder` (all, or those named in `ids`, in that order); an unknown id is one line."""
+    paths = {p.stem: p for p in case_paths(folder)}
+    if ids:
+        unknown = [i for i in ids if i not in paths]
+        if unknown:
+            raise InputError("--case", "case", unknown[0], f"no such case; known: {', '.join(sorted(paths))}")
+        chosen = [paths[i] for i in dict.fromkeys(ids)]
+    else:
+        chosen = list(paths.values())
+    return [(p, load_case(p)) for p in chosen]
+
+
+# ---------------------------------------------------------------------------------------------- comparing
+
+
+def _figure(metric: str, value: float | None) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value * 100 if metric in PERCENT_METRICS else float(value)
+
+
+def compare(m: Measured, rows: dict[str, dict]) -> dict:
+    """One measured figure against the arms' rows: predicted, error, within tolerance (or why not computed)."""
+    failed = [rows[a]["error"] for a in m.arms if rows[a]["error"]]
+    values = [_figure(m.metric, rows[a].get(m.metric)) for a in m.arms]
+    predicted = None
+    if not failed and None not in values:
+        if m.kind == "ratio":
+            predicted = values[0] / values[1] if values[1] else None
+        else:
+            predicted = values[0]
+    low, high = m.low, m.high
+    if predicted is None:
+        error = None
+    elif m.kind == "percent":
+        error = 0.0 if low <= predicted <= high else (predicted - low if predicted < low else predicted - high)
+    else:
+        nearest = low if predicted < low else high if predicted > high else predicted
+        error = 0.0 if nearest == predicted else (predicted - nearest) / nearest
+    within = None if error is None else abs(error) <= TOLERANCE[m.kind] + 1e-12
+    ood = sorted({note for a in m.arms for note in rows[a].get("out_of_domain") or []})
+    return {"metric": m.metric, "kind": m.kind, "arms": "/".join(m.arms), "predicted": predicted,
+            "measured_low": low, "measured_high": high, "error": error, "tolerance": TOLERANCE[m.kind],
+            "within": within, "failed": failed[0] if failed else None, "out_of_domain": ood,
+            "source": m.source, "note": m.note}
+
+
+def base_of(path: Path, case: Case) -> tuple[Path, dict]:
+    """The base scenario's file (what its relative paths resolve against) and data."""
+    if case.base is None:
+        return path, dict(case.scenario)
+    base = (path.parent / case.base).resolve()
+    return base, read_toml(base, f"{path}: base")
+
+
+def _case_row(case: Case) -> dict:
+    return {"case": case.id, "title": case.title, "role": case.role, "case_source": case.source}
+
+
+def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", workers: int | None = None) -> dict:
+    """Simulate every arm of the expressible cases (one runner call for all) and compare each measured figure."""
+    from sim.scenario import load_scenario, scenario_hash
+
+    points = {}
+    for path, case in cases:
+        if case.not_expressible is not None:
+            continue
+        where, data = base_of(path, case)
+        base_hash = scenario_hash(load_scenario(where, data))  # a bad base fails here, in one line
+        for arm in case.arms:
+            points[(case.id, arm.name)] = make_point(where, data, arm.set, base_hash)
+    rows_by_arm: dict[tuple[str, str], dict] = {}
+    if points:
+        # the same point can be an arm of two cases: run it once
+        unique = list({p.point_id: p for p in points.values()}.values())
+        found = {p.point_id: row for p, row in run_points(unique, executor, workers)}
+        rows_by_arm = {key: found[p.point_id] for key, p in points.items()}
+    rows, summary = [], []
+    for path, case in cases:
+        head = _case_row(case)
+        if case.not_expressible is not None:
+            rows.append({**head, "metric": None, "kind": None, "arms": None, "predicted": None, "measured_low": None,
+                         "measured_high": None, "error": None, "tolerance": None, "within": None, "failed": None,
+                         "out_of_domain": [], "source": case.source,
+                         "note": f"not expressible: {case.not_expressible}"})
+            summary.append({**head, "expressible": False, "arms": 0})
+            continue
+        arm_rows = {arm.name: rows_by_arm[(case.id, arm.name)] for arm in case.arms}
+        for m in case.measured:
+            rows.append({**head, **compare(m, arm_rows)})
+        summary.append({**head, "expressible": True, "arms": len(case.arms),
+                        "arm_rows": {name: _arm_figures(row) for name, row in arm_rows.items()}})
+    return {"schema": SCHEMA, "rows": rows, "cases": summary, "totals": totals(rows, summary),
+            "provenance": provenance(cases)}
+
+
+def _arm_figures(row: dict) -> dict:
+    return {**{k: row.get(k) for k in METRICS}, "error": row["error"], "notices": row.get("notices", []),
+            "out_of_domain": row.get("out_of_domain", [])}
+
+
+def totals(rows: list[dict], cases: list[dict]) -> dict:
+    """Counts the issue's targets are stated in: cases expressible, prediction rows within tolerance."""
+    predictions = [r for r in rows if r["role"] == "prediction" and r["metric"] is not None]
+    judged = [r for r in predictions if r["within"] is not None]
+    return {"cases": len(cases), "expressible": sum(c["expressible"] for c in cases),
+            "calibration_cases": sum(c["role"] == "calibration" for c in cases),
+            "prediction_rows": len(predictions), "prediction_rows_judged": len(judged),
+            "prediction_rows_within": sum(bool(r["within"]) for r in judged)}
+
+
+def provenance(cases: list[tuple[Path, Case]]) -> dict:
+    """What the record was made from: the package version and each case file's sha256."""
+    from sim import __version__
+    from sim.schema import sha256_file
+
+    return {"package_version": __version__, "cases": {case.id: sha256_file(path) for path, case in cases}}
+
+
+def write_record(record: dict, out_dir: str | Path) -> dict:
+    """validation.json (the record) and validation.parquet (one row per measured figure) under out_dir."""
+    import json
+
+    import pandas as pd
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validation.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+        frame = pd.DataFrame(record["rows"])
+        frame["out_of_domain"] = frame["out_of_domain"].map(json.dumps)
+        frame.to_parquet(out / "validation.parquet", index=False)
+    except OSError as exc:
+        raise InputError(str(out), "output", str(out), f"cannot write: {exc.strerror}") from None
+    return {"json": str(out / "validation.json"), "parquet": str(out / "validation.parquet")}
+
+
+@lru_cache(maxsize=4)
+def validate_all(workers: int | None = None) -> dict:
+    """Every case, once per process (the docs exhibit and the tests share it)."""
+    return validate_cases(load_cases(), workers=workers)
+
+
+__all__ = ["CASES_DIR", "Case", "Measured", "TOLERANCE", "compare", "load_case", "load_cases", "provenance",
+           "totals", "validate_all", "validate_cases", "write_record"]

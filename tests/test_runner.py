@@ -1,0 +1,86 @@
+"""The experiment runner (sim/explore/runner.py): one point gives one row, whichever command asks for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.explore import plan as plan_module
+from sim.explore.runner import METRICS, evaluate, make_point, run_points
+from sim.explore.sweep import expand_grid, load_sweep, run_sweep
+from sim.explore.validate import load_case, validate_cases
+from sim.schema import read_toml
+from sim.scenario import load_scenario, scenario_hash
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+BASE = SCENARIOS / "ds4-504-per-class.toml"
+SHORT = {"workload.requests.0.prompt_tokens": 600, "workload.requests.0.decode_tokens": 4}
+CHUNK = "engine.flags.prefill-chunk"
+
+
+def _point(overrides: dict):
+    return make_point(BASE, read_toml(BASE), overrides, scenario_hash(load_scenario(BASE)))
+
+
+def test_one_point_gives_one_row_through_sweep_plan_and_validate(tmp_path):
+    overrides = {**SHORT, CHUNK: 512}
+    direct = evaluate(_point(overrides))
+    assert direct["error"] is None
+    # sweep: the same point from a grid, persisted and read back
+    points = expand_grid(_short_scenario(tmp_path), [f"{CHUNK}=512"])
+    run_sweep(points, tmp_path / "sweep", workers=1)
+    swept = load_sweep(tmp_path / "sweep").iloc[0]
+    # plan: the same candidate
+    plan = plan_module.make_plan(_short_scenario(tmp_path), grids=[f"{CHUNK}=512"])
+    planned = plan.candidates[0].metrics
+    # validate: a case whose arm is the point
+    case_file = tmp_path / "one.toml"
+    case_file.write_text(f'id = "one"\ntitle = "one point"\nsource = "a test"\nbase = "{BASE}"\n\n[[arms]]\n'
+                         f'name = "a"\nset = {json.dumps(overrides).replace(":", " =")}\n\n[[measured]]\n'
+                         'metric = "decode_tok_s"\nkind = "absolute"\narms = ["a"]\nvalue = 1.0\n'
+                         'source = "a test figure"\n')
+    record = validate_cases([(case_file, load_case(case_file))], executor="inline")
+    validated = record["cases"][0]["arm_rows"]["a"]
+    for key in METRICS:
+        ours = direct[key]
+        assert swept[key] == pytest.approx(ours, nan_ok=True) if ours is not None else swept[key] != swept[key]
+        assert planned[key] == pytest.approx(ours) if ours is not None else planned[key] is None
+        assert validated[key] == ours, key
+
+
+def _short_scenario(tmp_path: Path) -> Path:
+    """The base scenario with the short request written into the file (sweep and plan read a file)."""
+    text = BASE.read_text().replace("prompt_tokens = 5000", "prompt_tokens = 600") \
+                           .replace("decode_tokens = 270", "decode_tokens = 4")
+    text = text.replace('hardware = "rtx-pro-6000-96gb"', f'hardware = "{SCENARIOS / "hardware" / "rtx-pro-6000-96gb.toml"}"')
+    path = tmp_path / "short.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_point_that_does_not_load_records_its_error_without_running():
+    point = _point({**SHORT, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB": "999"})
+    assert point.error is not None and "reserve" in point.error
+    [(_, row)] = list(run_points([point], executor="inline"))
+    assert row["error"] == point.error and row["method"] is None and row["decode_tok_s"] is None
+
+
+def test_a_point_that_fails_at_run_time_records_one_line(monkeypatch):
+    import sim.engine.run as run_module
+
+    def boom(scenario):
+        raise RuntimeError("the engine fell over\nin two lines")
+
+    monkeypatch.setattr(run_module, "run_scenario", boom)
+    row = evaluate(_point(SHORT))
+    assert row["error"] == "RuntimeError: the engine fell over in two lines" and row["method"] == "run"
+
+
+def test_processes_and_inline_give_the_same_rows():
+    points = [_point({**SHORT, CHUNK: c}) for c in (256, 512)]
+    inline = {p.point_id: row for p, row in run_points(points, executor="inline")}
+    spawned = {p.point_id: row for p, row in run_points(points, executor="processes", workers=2)}
+    for pid, row in inline.items():
+        assert {k: v for k, v in row.items() if k != "wall_s"} == {k: v for k, v in spawned[pid].items() if k != "wall_s"}
