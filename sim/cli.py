@@ -281,6 +281,11 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON only"),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
                                             help="write the run's timeline as a Chrome/Perfetto trace (JSON)"),
+    uncertainty: int = typer.Option(0, "--uncertainty", min=0, metavar="N",
+                                    help="also run N Latin-hypercube samples of the profile's estimated inputs: "
+                                         "p10/median/p90 of each metric and which input moves it most"),
+    seed: int = typer.Option(0, "--seed", help="the samples' seed"),
+    workers: Optional[int] = typer.Option(None, help="worker processes for --uncertainty (default: the CPU count)"),
 ):
     """Simulate an engine serving a scenario's workload: tok/s, TTFT, hit rates, lent slots, file reads."""
     from sim.engine.run import run_scenario, write_results
@@ -289,7 +294,11 @@ def run(
     scenario = load_scenario(scenario_path)
     if perfetto is not None and scenario.engine.name == "replay":
         raise InputError(str(scenario_path), "--perfetto", str(perfetto), "a cache-only replay has no timeline")
+    if uncertainty and scenario.engine.name == "replay":
+        raise InputError(str(scenario_path), "--uncertainty", uncertainty, "a cache-only replay reads no hardware")
     result = run_scenario(scenario)
+    if uncertainty:
+        result.summary["uncertainty"] = _uncertainty(scenario_path, scenario, uncertainty, seed, workers)
     if output is not None:
         result.summary["files"] = write_results(result, output)
     if perfetto is not None:
@@ -318,6 +327,31 @@ def run(
     out.print(_table("links", s["links"]))
     for notice in s["engine_state"].get("notices", []):
         out.print(f"engine: {notice}")
+    if "uncertainty" in s:
+        from sim.explore.uncertainty import rank_sensitivity
+
+        u = s["uncertainty"]
+        out.print(_table(f"under uncertainty: {u['n']} samples of {len(u['inputs'])} estimated inputs "
+                         f"({u['failed_samples']} failed)",
+                         [{"key": k, **{q: b[q] for q in ("p10", "median", "p90")}} for k, b in u["bands"].items()
+                          if b["n"] and k in s], ["key", "p10", "median", "p90"]))
+        metric = "decode_tok_s" if s.get("decode_tok_s") else "prefill_tok_s"
+        top = rank_sensitivity(u["sensitivity"], metric)[:8]
+        out.print(_table(f"what moves {metric} most: each input alone at the ends of its range",
+                         [{"input": r["input"], "range": f"{_fmt(r['low'])}-{_fmt(r['high'])}",
+                           "at low": r[f"{metric}@low"], "at high": r[f"{metric}@high"]} for r in top],
+                         ["input", "range", "at low", "at high"]))
+
+
+def _uncertainty(scenario_path: Path, scenario, n: int, seed: int, workers: Optional[int]) -> dict:
+    from sim.explore.runner import make_point
+    from sim.explore.uncertainty import propagate
+    from sim.scenario import scenario_hash
+    from sim.schema import read_toml
+
+    point = make_point(scenario_path, read_toml(scenario_path, str(scenario_path)), {}, scenario_hash(scenario))
+    return propagate(point, scenario, n, seed, executor="processes" if (workers or 2) > 1 else "inline",
+                     workers=workers)
 
 
 # --- demo and bench -------------------------------------------------------------------------------
@@ -509,13 +543,17 @@ def validate(
                                    "default: every case"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for validation.json and .parquet"),
     workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
+    uncertainty: int = typer.Option(0, "--uncertainty", min=0, metavar="N",
+                                    help="also run N Latin-hypercube samples of every arm's estimated inputs: "
+                                         "each figure's p10-p90 band"),
+    seed: int = typer.Option(0, "--seed", help="the samples' seed"),
     as_json: bool = typer.Option(False, "--json", help="print the record as JSON only"),
 ):
     """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
     from sim.explore.validate import load_cases, validate_cases, write_record
 
     cases = load_cases(case or None)
-    record = validate_cases(cases, workers=workers)
+    record = validate_cases(cases, workers=workers, uncertainty=uncertainty, seed=seed)
     if output is not None:
         record["files"] = write_record(record, output)
     if as_json:
@@ -533,11 +571,14 @@ def validate(
         shown.append({"case": r["case"], "role": r["role"], "figure": f"{r['metric']} {r['kind']} {r['arms']}",
                       "predicted": r["predicted"], "measured": measured, "error": error,
                       "ok": {True: "yes", False: "no", None: r["failed"] and "failed"}[r["within"]],
+                      "p10-p90": None if r.get("band_p10") is None else
+                      f"{_fmt(r['band_p10'])}-{_fmt(r['band_p90'])}" + ("" if r["in_band"] else " (misses)"),
                       "out of domain": len(r["out_of_domain"]) or None})
     t = record["totals"]
     out.print(_table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['prediction_rows_within']}"
                      f" of {t['prediction_rows_judged']} prediction figures within tolerance", shown,
-                     ["case", "role", "figure", "predicted", "measured", "error", "ok", "out of domain"]))
+                     ["case", "role", "figure", "predicted", "measured", "error", "ok",
+                      *(["p10-p90"] if uncertainty else []), "out of domain"]))
 
 
 @app.command()

@@ -262,6 +262,10 @@ class Quantity(Strict):
     # The calibration record (sim/engine/records.py) this figure was fitted on, or derived from: a run that
     # uses it outside the record's key (engine, model, hardware, context) lists it under out_of_domain.
     record: str | None = Field(default=None, min_length=1)
+    # The figure's plausible range [LOW, HIGH] (same unit) and why: `run --uncertainty` samples it. Estimates
+    # without one take their field's rule (sim/explore/uncertainty.py RULES).
+    range: list[float] | None = Field(default=None, min_length=2, max_length=2)
+    range_source: str | None = Field(default=None, min_length=8)
 
     @field_validator("derivation", mode="after")
     @classmethod
@@ -274,6 +278,14 @@ class Quantity(Strict):
     @classmethod
     def _as_float(cls, value: float) -> float:
         return float(value)  # 96 and 96.0 must hash alike
+
+    @field_validator("range", mode="after")
+    @classmethod
+    def _around_the_value(cls, rng: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        value = info.data.get("value")
+        if rng is not None and value is not None and not rng[0] <= value <= rng[1]:
+            raise ValueError(f"range = [LOW, HIGH] must hold the value {value:g}")
+        return rng
 
 
 @lru_cache(maxsize=None)

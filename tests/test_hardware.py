@@ -20,7 +20,10 @@ HARDWARE = ROOT / "scenarios" / "hardware"
 PROFILES = sorted(HARDWARE.glob("*.toml"))
 TAG = re.compile(r"^\[[SMHE](/[SMHE])*( from [SMHE](/[SMHE])*)?\] \S")
 EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060ti-16gb", "h200",
-            "rtx-5070ti-laptop-12gb", "dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb"}
+            "rtx-5070ti-laptop-12gb", "dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb",
+            # the boxes of validation cases (scenarios/validation/)
+            "rtx-5090-9700x-linux", "rtx-5090-31gb-linux", "rtx-5070-12gb-windows", "rtx-5080-16gb-windows",
+            "rtx-3060-12gb", "rx-7700xt-12gb"}
 UNIFIED = {"dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb"}
 
 

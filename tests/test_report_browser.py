@@ -209,4 +209,4 @@ def test_run_report_in_browser(driver, run_report):
 
 def test_sweep_report_in_browser(driver, sweep_report):
     plots = _check_page(driver, *sweep_report)
-    assert len(plots) == 4  # points table; decode tok/s, prefill tok/s and decode hit rate heatmaps (2 x 2 grid)
+    assert len(plots) == 5  # points table; decode and prefill tok/s, decode and prefill hit rate heatmaps (2 x 2 grid)

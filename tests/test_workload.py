@@ -11,7 +11,7 @@ import sim.engine.run as run_module
 from sim.engine import workload
 from sim.engine.run import run_scenario
 from sim.engine.workload import clear_routing_memo, memo_stats, routing_key, workload_routing
-from sim.explore.sweep import load_scenario_data
+from sim.explore.runner import load_scenario_data
 from sim.schema import read_toml
 from sim.scenario import load_scenario
 

@@ -151,6 +151,10 @@ class Ds4:
         work = ds4_plan.decode_bytes_by_layer(layout, self.family, range(len(self.layers)))
         share = work / work[: self.n_layers].sum() * self.n_layers  # mean layer = 1
         self.decode_s = compute.decode_us_per_token_layer.value * 1e-6 * share  # [layer, (other, shared, routed)]
+        # The main thread encodes each decode layer's graph before the GPU can run it: CPU time per token,
+        # measured on a GB10 (record ds4-graph-encode-773), serial with the layer's kernels.
+        encode = domain.use("ds4-graph-encode-773", "ds4's graph encode per decode token")
+        self.encode_layer_s = encode.value * 1e-3 / self.n_layers
         self.prefill_s = compute.prefill_us_per_token_layer.value * 1e-6 * share
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_fixed_s = 0.0 if fixed is None else fixed.value * 1e-6
@@ -433,7 +437,8 @@ class Ds4:
     def _decode_layer(self, layer: int, experts: np.ndarray, row: dict):
         m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
-        m.gpu.book(other_s, 0, 0, "attention + router")  # enqueued; the main thread's sync waits for it
+        encoded = self.main.book(self.encode_layer_s, 0, 1, "graph encode")
+        m.gpu.book(other_s, 0, 0, "attention + router", ready_s=encoded)  # the main thread's sync waits for it
         # the sync is booked, not waited on by itself: what comes next starts at its end (ready_s), and the
         # first wait is the ids readback after it
         synced = self.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
@@ -443,7 +448,10 @@ class Ds4:
             # lands on the stream before any of the worker's copies (FIFO on the stream either way).
             m.gpu.book(shared_s, 0, 0, "shared expert", ready_s=synced)
             yield from self._select_and_load(self.worker, layer, experts, row, routed_s, synced)
-            yield self.main.hold(m.sync_s, 0, 1, "flush + join", ready_s=m.gpu.idle_at())
+            # the join waits for the worker's copies on the stream; with hits first the worker has also queued the
+            # routed kernels, which the join does not wait for (the next layer's kernels queue behind them)
+            yield self.main.hold(m.sync_s, 0, 1, "flush + join",
+                                 ready_s=m.h2d.end_of_last() if self.hits_first else m.gpu.idle_at())
         else:  # the synchronous path: the main thread fetches, then enqueues the shared expert
             yield from self._select_and_load(self.main, layer, experts, row, routed_s, synced)
             m.gpu.book(shared_s, 0, 0, "shared expert")

@@ -55,7 +55,8 @@ RECORDS: tuple[Record, ...] = (
     # 13.40 GiB. Of that the model derives the non-routed weights (8.20 GiB, antirez/ds4#488), the KV cache
     # and the prefill context buffers at that context and chunk (ds4_plan.flash_kv_bytes and
     # flash_context_buffer_bytes: 0.7770 + 0.2501 GiB; the formula gives ds4's own "context buffers" figure to
-    # the byte at two other contexts, tests/test_ds4_plan.py) and the driver's own reservation (555 MiB, the profile's gpu.runtime_reserved_mib);
+    # the byte at two other contexts, tests/test_ds4_plan.py) and the driver's own reservation (555 MiB, the
+    # profile's gpu.runtime_reserved_mib);
     # what is left is ds4's compute buffers and scratch, fitted here.
     Record("ds4-flash-buffers-503", "compute_buffers", 3.6309, "GiB", "ds4", "deepseek-v4-flash",
            "rtx-pro-6000-96gb", 32768, "seed-504",
@@ -69,6 +70,11 @@ RECORDS: tuple[Record, ...] = (
            "rtx-4060ti-16gb", 4096, "seed-504-glm52",
            "13 GiB resident VRAM (neutronstar README) - 10.696 GiB non-routed on the GPU - 0.6855 GiB MLA cache at "
            "--ctx 4096 - 0.1045 GiB runtime reserved (rtx-4060ti-16gb.toml)"),
+    # ds4's graph encode per decode token on the main thread, before the GPU runs the layer: "encode=9.8-10.6 ms
+    # execute=45.0-45.7 ms ... total=55.0-56.0 ms" (DS4_METAL_GRAPH_TOKEN_PROFILE=1, antirez/ds4#773, GB10, q2
+    # Flash): serial with the kernels. CPU work: its figure on another CPU is not known.
+    Record("ds4-graph-encode-773", "graph_encode_ms_per_token", 10.2, "ms", "ds4", "deepseek-v4-flash",
+           "dgx-spark-gb10", None, "D11", "the midpoint of encode = 9.8-10.6 ms per token (#773's token profile)"),
     # Strata, Qwen3.8-Flash-Next IQ3_S on the #658 box: the auto cache held 10,222 slots (seed) at reserve 1536
     # MiB with borrowing; with the scenarios' ranking any free VRAM at sizing in [21,503.19, 21,505.73) MiB gives
     # 10,222 (strata_plan.auto_cache_free_vram_range; tests/test_strata_engine.py checks it), we take 21,504.
@@ -88,6 +94,10 @@ RECORDS: tuple[Record, ...] = (
     Record("strata-658-decode", "decode_us_per_token_layer", 178.2, "us", "strata", "qwen3.8-flash-next",
            "rtx-5090-48gb-windows", 262144, "seed-658",
            "8.55 ms per token (116.9 tok/s, median of the #658 decode runs) / 48 layers"),
+    # Strata's decode-window reading of a short part (<= --short-read tokens): "about 16 ms/token" (strata-engine.md
+    # §3.3, a comment in generate.cpp, validation case S7); the box it was measured on is not named.
+    Record("strata-short-read", "short_read_ms_per_token", 16.0, "ms", "strata", "qwen3.8-flash-next",
+           "not reported", None, "S7", "generate.cpp comment: a decode window of a short part ~16 ms per token"),
     # Strata's prompt compute on a 5090: c ~ 0.19 ms/token (strata-engine.md §6, no derivation given; it may
     # come from the #658 runs, so it is recorded as fitted there).
     Record("strata-658-prefill", "prefill_us_per_token_layer", 3.958, "us", "strata", "qwen3.8-flash-next",

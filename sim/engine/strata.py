@@ -56,7 +56,6 @@ MISSING = 0xFFFF                          # a missing routing cell (trace format
 STAGER_THREADS_MIN, STAGER_THREADS_MAX = 2, 4   # max(2, min(4, hw / 4)), STRATA_STAGER_THREADS (§3.2)
 PINNED_STAGING_BUFFERS = 16               # the stager's kRing pinned host buffers (§3.2)
 STREAM_GROUP_BLOBS = 16                   # blobs handed on together (our event granularity): a pinned ring's worth
-SHORT_READ_S_PER_TOKEN = 0.016            # decode-window reading of a short part, "about 16 ms/token" (§3.3)
 # A prompt chunk's layer reads each routed expert's weights from VRAM once, however many of its tokens use it.
 WEIGHT_READ_EFFICIENCY = 0.80             # of the spec DRAM rate: llama.cpp's decode reaches 80 % of the
                                           # roofline on a 5090 under Linux (ggml-org/llama.cpp#28196, hw §1.2)
@@ -643,7 +642,8 @@ class Strata:
         counts = self._pair_counts(rows)
         routed = counts > 0
         start = self.m.env.now
-        yield self.m.gpu.hold(len(rows) * SHORT_READ_S_PER_TOKEN, 0, 0, "short read (verify windows)")
+        per_token_s = self.domain.use("strata-short-read", "a short part's decode-window time per token").value * 1e-3
+        yield self.m.gpu.hold(len(rows) * per_token_s, 0, 0, "short read (verify windows)")
         self.rec.step(request=request, phase="prefill", step=step_no, layer=-1, start_s=start, end_s=self.m.env.now,
                       tokens=len(rows), lookups=int(routed.sum()), hits=int((routed & self.on_gpu).sum()),
                       vram_used_bytes=self._vram_used(), ram_used_bytes=self._ram_used())

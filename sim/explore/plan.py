@@ -7,8 +7,9 @@
 Candidates come from `sweep.expand_grid` (the same `--grid KEY=...` spelling and checks); combinations that
 cannot load, and ones the pure memory planners show cannot fit (ds4: the reserve leaves no VRAM for a cache;
 Strata: the reserve exceeds the VRAM free at sizing), are pruned before running. Each remaining candidate is
-simulated by the experiment runner (sim/explore/runner.py: here, or on spawned processes with workers > 1). Constraints filter,
-the objective ranks, ties go to the candidate that changes fewest settings of the scenario. Each recommended
+simulated by the experiment runner (sim/explore/runner.py: here, or on spawned processes with workers > 1).
+Constraints filter, the objective ranks, ties go to the candidate that changes fewest settings of the scenario.
+Each recommended
 setting is explained by the candidates that differ from the recommendation in that setting only.
 """
 

@@ -469,7 +469,39 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
     figures.append(("Hit heatmap", heat))
     if routing is not None:
         figures.append(("Miss-ratio curves", _mrc_figure(summary, steps, *routing)))
+    if summary.get("uncertainty"):
+        figures += _uncertainty_figures(summary)
     return figures
+
+
+def _uncertainty_figures(summary: dict) -> list[tuple[str, object]]:
+    """`run --uncertainty N`: the metrics' p10 / median / p90, and a tornado chart of what moves the headline
+    rate most (each estimated input alone at the ends of its range, against the run's own figure)."""
+    import plotly.graph_objects as go
+
+    from sim.explore.uncertainty import rank_sensitivity
+
+    u = summary["uncertainty"]
+    bands = [(k, b) for k, b in u["bands"].items() if b["n"] and summary.get(k) is not None]
+    table = go.Figure(go.Table(
+        header={"values": ["metric", "this run", "p10", "median", "p90"]},
+        cells={"values": [[k for k, _ in bands], [_cell(summary[k]) for k, _ in bands],
+                          *[[_cell(b[q]) for _, b in bands] for q in ("p10", "median", "p90")]]}),
+        layout={"title": f"Under uncertainty: {u['n']} samples of {len(u['inputs'])} estimated inputs",
+                **_table_size(len(bands))})
+    metric = "decode_tok_s" if summary.get("decode_tok_s") else "prefill_tok_s"
+    base = summary.get(metric) or 0.0
+    top = [r for r in rank_sensitivity(u["sensitivity"], metric)[:12]
+           if r.get(f"{metric}@low") is not None and r.get(f"{metric}@high") is not None][::-1]
+    fig = go.Figure()
+    for end, colour in (("low", "#4c78a8"), ("high", "#f58518")):
+        fig.add_trace(go.Bar(y=[r["input"] for r in top], x=[r[f"{metric}@{end}"] - base for r in top],
+                             base=[base] * len(top), orientation="h", name=f"input at its {end} end",
+                             marker_color=colour))
+    fig.update_layout(title=f"What moves {metric} most (tornado: each input alone at the ends of its range)",
+                      barmode="overlay", xaxis_title=f"{metric} (this run: {base:,.2f})", yaxis_title="input",
+                      height=120 + 28 * len(top), margin={"l": 260})
+    return [("Uncertainty", table), ("Sensitivity", fig)]
 
 
 def _table_size(rows: int) -> dict:

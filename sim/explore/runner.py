@@ -61,6 +61,8 @@ class Point:
     base_hash: str
     scenario_hash: str | None = None
     error: str | None = None  # the combination does not load (the loader's one-line error)
+    # hardware-profile figures set for this point (dotted key -> value): an uncertainty sample
+    profile_values: dict | None = None
 
 
 def split_key(key: str) -> list[str | int]:
@@ -169,6 +171,10 @@ def evaluate(point: Point) -> dict:
     start = time.perf_counter()
     try:
         scenario = load_scenario_data(point.scenario_path, point.data)
+        if point.profile_values:
+            from sim.explore.uncertainty import with_values
+
+            scenario._hardware_profile = with_values(scenario.hardware_profile, point.profile_values)
         summary = run_scenario(scenario).summary
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
         return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
@@ -337,6 +343,8 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
         yield from zip(task.points, rows)
 
 
-__all__ = ["COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate",
-           "evaluate_mrc", "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
-           "point_id", "run_points", "set_key", "split_key"]
+__all__ = [
+    "COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate", "evaluate_mrc",
+    "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
+    "point_id", "run_points", "set_key", "split_key"
+]

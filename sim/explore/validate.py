@@ -47,8 +47,8 @@ class Measured(Strict):
     metric: Literal[METRICS]  # type: ignore[valid-type]
     kind: Literal["ratio", "percent", "absolute"]
     arms: list[str] = Field(min_length=1, max_length=2)  # ratio: [numerator, denominator]; else one arm
-    value: float | None = None
-    range: tuple[float, float] | None = None  # the reported spread, low and high
+    value: float | int | None = None
+    range: list[float] | None = Field(None, min_length=2, max_length=2)  # the reported spread, low and high
     source: str = Field(min_length=8)
     note: str | None = None
 
@@ -186,8 +186,11 @@ def _case_row(case: Case) -> dict:
     return {"case": case.id, "title": case.title, "role": case.role, "case_source": case.source}
 
 
-def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", workers: int | None = None) -> dict:
-    """Simulate every arm of the expressible cases (one runner call for all) and compare each measured figure."""
+def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", workers: int | None = None,
+                   uncertainty: int = 0, seed: int = 0) -> dict:
+    """Simulate every arm of the expressible cases (one runner call for all) and compare each measured figure.
+    With `uncertainty` N, every arm is also run on N Latin-hypercube samples of its estimated inputs (the same
+    sample i in every arm of a case that runs on the same profile) and each figure gets its p10-p90 band."""
     from sim.scenario import load_scenario, scenario_hash
 
     points = {}
@@ -204,6 +207,9 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
         unique = list({p.point_id: p for p in points.values()}.values())
         found = {p.point_id: row for p, row in run_points(unique, executor, workers)}
         rows_by_arm = {key: found[p.point_id] for key, p in points.items()}
+    sampled: dict[tuple[str, str], list[dict]] = {}
+    if uncertainty and points:
+        sampled = _sample_arms(points, uncertainty, seed, executor, workers)
     rows, summary = [], []
     for path, case in cases:
         head = _case_row(case)
@@ -216,11 +222,52 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
             continue
         arm_rows = {arm.name: rows_by_arm[(case.id, arm.name)] for arm in case.arms}
         for m in case.measured:
-            rows.append({**head, **compare(m, arm_rows)})
+            row = {**head, **compare(m, arm_rows)}
+            if sampled:
+                row.update(_band(m, {a: sampled[(case.id, a)] for a in m.arms}))
+            rows.append(row)
         summary.append({**head, "expressible": True, "arms": len(case.arms),
                         "arm_rows": {name: _arm_figures(row) for name, row in arm_rows.items()}})
     return {"schema": SCHEMA, "rows": rows, "cases": summary, "totals": totals(rows, summary),
             "provenance": provenance(cases)}
+
+
+def _sample_arms(points: dict, n: int, seed: int, executor: str, workers: int | None) -> dict:
+    """Every arm's rows on n samples of its inputs (arms on the same profile share sample i's values)."""
+    from sim.explore.runner import load_scenario_data
+    from sim.explore.uncertainty import latin_hypercube, sample_points, uncertain_inputs
+
+    todo, keys = [], {}
+    for key, point in points.items():
+        if point.error is not None:
+            continue
+        inputs = uncertain_inputs(load_scenario_data(point.scenario_path, point.data))
+        for i, sample in enumerate(sample_points(point, inputs, latin_hypercube(inputs, n, seed))):
+            sample = type(sample)(**{**vars(sample), "point_id": f"{key[0]}/{key[1]}/{i}"})
+            todo.append(sample)
+            keys[sample.point_id] = (key, i)
+    found: dict = {key: [None] * n for key in points}
+    for sample, row in run_points(todo, executor, workers):
+        key, i = keys[sample.point_id]
+        found[key][i] = row
+    return {key: [r for r in rows if r is not None] for key, rows in found.items()}
+
+
+def _band(m: Measured, samples: dict[str, list[dict]]) -> dict:
+    """The figure's p10-p90 over the samples, and whether the measured figure (or its range) meets that band."""
+    from sim.explore.uncertainty import quantiles
+
+    values = []
+    for i in range(min(len(rows) for rows in samples.values())):
+        figs = [_figure(m.metric, samples[a][i].get(m.metric)) if not samples[a][i]["error"] else None
+                for a in m.arms]
+        if None in figs:
+            continue
+        values.append(figs[0] / figs[1] if m.kind == "ratio" and figs[1] else figs[0] if m.kind != "ratio" else None)
+    q = quantiles(values)
+    consistent = None if q["p10"] is None else (m.low <= q["p90"] and m.high >= q["p10"])
+    return {"band_p10": q["p10"], "band_median": q["median"], "band_p90": q["p90"], "band_samples": q["n"],
+            "in_band": consistent}
 
 
 def _arm_figures(row: dict) -> dict:
@@ -232,10 +279,12 @@ def totals(rows: list[dict], cases: list[dict]) -> dict:
     """Counts the issue's targets are stated in: cases expressible, prediction rows within tolerance."""
     predictions = [r for r in rows if r["role"] == "prediction" and r["metric"] is not None]
     judged = [r for r in predictions if r["within"] is not None]
+    banded = [r for r in predictions if r.get("in_band") is not None]
     return {"cases": len(cases), "expressible": sum(c["expressible"] for c in cases),
             "calibration_cases": sum(c["role"] == "calibration" for c in cases),
             "prediction_rows": len(predictions), "prediction_rows_judged": len(judged),
-            "prediction_rows_within": sum(bool(r["within"]) for r in judged)}
+            "prediction_rows_within": sum(bool(r["within"]) for r in judged),
+            "prediction_rows_banded": len(banded), "prediction_rows_in_band": sum(bool(r["in_band"]) for r in banded)}
 
 
 def provenance(cases: list[tuple[Path, Case]]) -> dict:

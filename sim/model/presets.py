@@ -93,6 +93,27 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             "a stand-in fitted to the observed mean, not the file's table",
             n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
             recipe=_edges_first_recipe(48, _QWEN38_MIX, "IQ4_NL"), fused_gate_up=True),
+    # The same geometry in Strata's other packs (strata-engine.md §2.2). Q2_0 canonical pack: every blob
+    # 1,382,400 B (experts.bin = 48 x 512 x 1,382,400 B [code]) = Q2_0 gate/up and down.
+    _layout("qwen3.8-flash-next-q2_0",
+            "strata-engine.md §2.1-2.2: the Q2_0 canonical pack, uniform 1,382,400 B blobs (2.25 bpw)",
+            n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
+            recipe=_uniform("Q2_0", "Q2_0"), fused_gate_up=True),
+    # IQ3_XXS pack: mean 1.665 MiB (arena 40,925 MiB / 24,576), per-layer types not published. Stand-in: IQ2_XXS
+    # gate/up + IQ4_NL down (1,766,400 B) in 46 layers and IQ2_XXS + Q2_0 down (1,305,600 B) in the two edge
+    # layers: mean 1,747,200 B = 1.6663 MiB, fitted to the arena's mean as the IQ3_S stand-in is.
+    _layout("qwen3.8-flash-next-iq3xxs",
+            "strata-engine.md §2.2 (IQ3_XXS pack mean 1.665 MiB, arena 40,925 MiB); per-layer mix 46 x IQ2_XXS "
+            "gate/up + IQ4_NL down, 2 edge layers IQ2_XXS + Q2_0 down: a stand-in fitted to the mean",
+            n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
+            recipe=lambda block: ("IQ2_XXS", "IQ2_XXS", "Q2_0" if block in (0, 47) else "IQ4_NL"),
+            fused_gate_up=True),
+    # Huihui IQ3_S/IQ4_NL pack: 2.2217 MiB per slot (1,900 slots = 4,221 MiB, strata-engine.md §2.2) = IQ3_S
+    # gate/up + IQ4_NL down in every layer (2,329,600 B = 2.2217 MiB).
+    _layout("qwen3.8-flash-next-huihui-iq3s",
+            "strata-engine.md §2.2 (Huihui IQ3_S/IQ4_NL, 2.2217 MiB per slot): IQ3_S gate/up + IQ4_NL down",
+            n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
+            recipe=_uniform("IQ3_S", "IQ4_NL"), fused_gate_up=True),
     # Qwen3-30B-A3B: hardware-and-gguf.md §4 (InferSim qwen3-30B-A3B_config.json): 48 layers, 128 experts,
     # top-8, no shared, hidden 2048, moe width 768.
     _layout("qwen3-30b-a3b",

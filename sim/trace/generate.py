@@ -179,6 +179,10 @@ GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"] = _fine(
         "hottest_over_uniform": dict(value=2.5, source="PR #28544 (hottest slot over all slots)"),
         "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
     })
+# Strata's other packs of the same model route the same way (a pack changes the bytes, not the router): they
+# share the IQ3_S preset's spec, so its stored calibration and its traces.
+for _name in ("qwen3.8-flash-next-q2_0", "qwen3.8-flash-next-iq3xxs", "qwen3.8-flash-next-huihui-iq3s"):
+    GENERATOR_PRESETS[_name] = {**copy.deepcopy(GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"]), "model": _name}
 GENERATOR_PRESETS["mixtral-8x7b"] = _fine(
     "mixtral-8x7b",
     popularity=dict(kind="generic", beta=1.0, entropy_first=0.995, entropy_mid=0.985, entropy_spread=0.01,

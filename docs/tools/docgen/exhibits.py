@@ -823,3 +823,24 @@ def design() -> Exhibit:
     return Exhibit({"scenario": "scenarios/ds4-504-per-class.toml"},
                    {"lookups": int(steps["lookups"].sum()), "layer_steps": len(steps), "events": events,
                     "pread_pool": pool}, numbers)
+
+# ------------------------------------------------------------------------------------------ validation cases
+
+
+@exhibit("validation-cases")
+def validation_cases() -> Exhibit:
+    """Every validation case (scenarios/validation/) through `expertsim validate`: predicted vs measured."""
+    from sim.explore.validate import validate_all
+
+    record = validate_all(workers=2)
+    rows = [{k: r[k] for k in ("case", "title", "role", "metric", "kind", "arms", "predicted", "measured_low",
+                               "measured_high", "error", "tolerance", "within", "failed", "source", "note")}
+            | {"out_of_domain": len(r["out_of_domain"])} for r in record["rows"]]
+    t = record["totals"]
+    judged = t["prediction_rows_judged"]
+    numbers = {"cases": f0(t["cases"]), "expressible": f0(t["expressible"]),
+               "calibration_cases": f0(t["calibration_cases"]),
+               "within": f0(t["prediction_rows_within"]), "judged": f0(judged),
+               "within_share": pct(t["prediction_rows_within"] / judged, 0) if judged else "-"}
+    return Exhibit({"cases": "scenarios/validation/*.toml", "command": "expertsim validate"},
+                   {"rows": rows, "totals": t}, numbers)

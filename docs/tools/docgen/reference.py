@@ -295,13 +295,43 @@ def calibration_file() -> str:
 # ------------------------------------------------------------------------------------------ tables from exhibits
 
 
+def _figure_text(value, kind: str) -> str:
+    if value is None:
+        return ""
+    if kind == "percent":
+        return f"{value:.1f} %"
+    return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.1f}"
+
+
 def validation_table() -> str:
     rows = []
-    for r in exhibit("validation")["data"]["rows"]:
-        error = "" if r["error"] is None else f"{100 * r['error']:+.1f} %"
-        rows.append([f"`{r['scenario']}`", r["what"], f"{r['measured']:,}", f"{r['simulated']:,.5g}", error,
+    for r in exhibit("validation-cases")["data"]["rows"]:
+        if r["metric"] is None:
+            rows.append([f"`{r['case']}`", r["role"], r["note"], "", "", "", "", "", r["source"]])
+            continue
+        measured = _figure_text(r["measured_low"], r["kind"])
+        if r["measured_high"] != r["measured_low"]:
+            measured += f"–{_figure_text(r['measured_high'], r['kind'])}"
+        error = "" if r["error"] is None else (f"{r['error']:+.1f} pt" if r["kind"] == "percent"
+                                               else f"{100 * r['error']:+.1f} %")
+        ok = {True: "yes", False: "**no**", None: "failed: " + (r["failed"] or "")}[r["within"]]
+        rows.append([f"`{r['case']}`", r["role"], f"{r['metric']} ({r['kind']}, {r['arms']})",
+                     _figure_text(r["predicted"], r["kind"]), measured, error, ok, r["out_of_domain"] or "",
                      r["source"]])
-    return table(["scenario", "figure", "measured", "simulated", "error", "measured where"], rows, "llrrrl")
+    return table(["case", "role", "figure", "predicted", "measured", "error", "within", "out of domain", "measured where"],
+                 rows, "lllrrrlrl")
+
+
+def replay_spread_table() -> str:
+    """The GPU copy replay on two H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
+    import json
+
+    record = json.loads((ROOT / "scenarios" / "hardware" / "calibration" / "h200-replay-spread.json").read_text())
+    rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], f"{100 * r['median_error']:.1f} %",
+             f"{100 * r['p95_error']:.1f} %", f"{r['measured_s']:.2f} s", f"{r['predicted_s']:.2f} s"]
+            for r in record["rows"]]
+    return table(["machine", "calibration", "seed", "steps", "way", "median error", "p95 error", "measured",
+                  "predicted"], rows, "lllrlrrrr")
 
 
 def ds4_reserve_table() -> str:
@@ -438,7 +468,7 @@ def bench_table() -> str:
             + table(["row", "value", "target", "met"], rows, "lrll"))
 
 
-REGIONS = {"cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
+REGIONS = {"replay-spread": replay_spread_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
            "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,

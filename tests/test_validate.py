@@ -1,0 +1,145 @@
+"""Validation cases (sim/explore/validate.py, scenarios/validation/): the schema, the comparison policy, the roles,
+and a regression check against the last recorded run (docs/figures/validation-cases.json)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.engine.records import RECORDS
+from sim.errors import InputError
+from sim.explore.validate import CASES_DIR, TOLERANCE, Measured, compare, load_case, load_cases, validate_all
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "docs" / "figures" / "validation-cases.json"
+GOOD = '''id = "x"
+title = "a test case"
+source = "a test"
+base = "{base}"
+
+[[arms]]
+name = "a"
+
+[[arms]]
+name = "b"
+set = {{ "engine.flags.prefill-chunk" = 512 }}
+
+[[measured]]
+metric = "decode_tok_s"
+kind = "ratio"
+arms = ["a", "b"]
+value = 1.0
+source = "a test figure"
+'''
+
+
+def _write(tmp_path, text, name="x.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text.format(base=ROOT / "scenarios" / "ds4-504-per-class.toml"))
+    return path
+
+
+def test_a_good_case_loads(tmp_path):
+    case = load_case(_write(tmp_path, GOOD))
+    assert [a.name for a in case.arms] == ["a", "b"] and case.role == "prediction"
+
+
+@pytest.mark.parametrize("old, new, key, why", [
+    ('metric = "decode_tok_s"', 'metric = "tok_s"', "measured[0].metric", "decode_tok_s"),
+    ('arms = ["a", "b"]', 'arms = ["a"]', "measured[0]", "ratio names two arms"),
+    ('arms = ["a", "b"]', 'arms = ["a", "c"]', "(top level)", "unknown arms ['c']"),
+    ("value = 1.0", "range = [2.0, 1.0]", "measured[0]", "LOW <= HIGH"),
+    ("value = 1.0", "value = 1.0\nrange = [1.0, 2.0]", "measured[0]", "one of them"),
+    ('name = "b"', 'name = "a"', "arms", "unique"),
+    ('id = "x"', 'id = "y"', "id", "the file's name"),
+    ('kind = "ratio"\narms = ["a", "b"]', 'kind = "percent"\narms = ["a"]', "measured[0]", "a hit rate"),
+])
+def test_a_bad_case_is_one_line_naming_the_file_and_key(tmp_path, old, new, key, why):
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(InputError) as info:
+        load_case(path)
+    text = str(info.value)
+    assert text.startswith(str(path)) and "\n" not in text and why in text, text
+    assert key in text or key == "(top level)", text
+
+
+def test_a_case_not_expressible_has_no_arms(tmp_path):
+    path = _write(tmp_path, 'id = "x"\ntitle = "a test case"\nsource = "a test"\nnot_expressible = "no model"\n')
+    assert load_case(path).not_expressible == "no model"
+    with pytest.raises(InputError, match="no scenario, arms or measured"):
+        load_case(_write(tmp_path, GOOD.replace('source = "a test"\n', 'source = "a test"\nnot_expressible = "x"\n', 1)))
+
+
+def _measured(**kw) -> Measured:
+    base = {"metric": "decode_tok_s", "kind": "ratio", "arms": ["a", "b"], "value": 2.0, "source": "a test figure"}
+    return Measured.model_validate({**base, **kw})
+
+
+def _rows(a, b, metric="decode_tok_s"):
+    return {"a": {metric: a, "error": None}, "b": {metric: b, "error": None}}
+
+
+def test_compare_known_answers():
+    r = compare(_measured(), _rows(3.0, 1.0))  # predicted ratio 3 against 2: +50 %
+    assert r["predicted"] == 3.0 and r["error"] == pytest.approx(0.5) and r["within"] is False
+    r = compare(_measured(value=None, range=[2.5, 3.5]), _rows(3.0, 1.0))  # inside the range: no error
+    assert r["error"] == 0.0 and r["within"] is True
+    r = compare(_measured(value=None, range=[1.0, 1.8]), _rows(2.07, 1.0))  # 15 % above the high end: within
+    assert r["error"] == pytest.approx(0.15) and r["within"] is True
+    r = compare(_measured(metric="decode_hit_rate", kind="percent", arms=["a"], value=97.0),
+                _rows(0.90, None, "decode_hit_rate"))  # 90 % against 97 %: -7 points, within 10
+    assert r["predicted"] == pytest.approx(90.0) and r["error"] == pytest.approx(-7.0) and r["within"] is True
+    r = compare(_measured(kind="absolute", arms=["a"], value=10.0), _rows(12.6, None))
+    assert r["error"] == pytest.approx(0.26) and r["within"] is False
+    failed = compare(_measured(), {"a": {"decode_tok_s": None, "error": "it broke"}, "b": {"decode_tok_s": 1.0,
+                                                                                        "error": None}})
+    assert failed["predicted"] is None and failed["within"] is None and failed["failed"] == "it broke"
+
+
+def test_tolerances_are_the_issues():
+    assert TOLERANCE == {"ratio": 0.15, "percent": 10.0, "absolute": 0.25}
+
+
+def test_roles_are_derived_from_the_records_and_at_most_a_third_calibrate():
+    cases = load_cases()
+    named = {r.case for r in RECORDS}
+    for _, case in cases:
+        assert case.role == ("calibration" if case.id in named else "prediction")
+    assert named <= {case.id for _, case in cases}  # every record's case is a case
+    assert sum(case.role == "calibration" for _, case in cases) <= len(cases) / 3
+
+
+def test_every_case_of_the_reference_list_is_a_file():
+    listed = {f"S{i}" for i in range(1, 13)} | {f"D{i}" for i in range(1, 13)}
+    assert listed <= {p.stem for p in CASES_DIR.glob("*.toml")}
+
+
+def test_no_case_regresses_from_within_to_outside_its_tolerance():
+    # the last recorded run is the docs exhibit (python docs/tools/make_docs.py); CI fails on a regression, and
+    # tests/test_docs.py on any other change of the table
+    recorded = {(r["case"], r["metric"], r["arms"]): r["within"] for r in json.loads(RECORDED.read_text())["data"]["rows"]}
+    now = {(r["case"], r["metric"], r["arms"]): r["within"] for r in validate_all(workers=2)["rows"]}
+    regressed = [f"{case} {metric} {arms}" for (case, metric, arms), was in recorded.items()
+                 if was and not now.get((case, metric, arms))]
+    assert not regressed, f"now outside tolerance: {regressed}"
+
+
+def test_cli_validate_json_for_one_case():
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", "--case", "seed-504-glm52", "--json",
+                           "--workers", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    [row] = record["rows"]
+    assert row["case"] == "seed-504-glm52" and row["role"] == "calibration" and row["within"] is True
+    assert record["totals"]["cases"] == 1
+
+
+def test_cli_validate_unknown_case_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", "--case", "Z99"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--case: case = Z99: no such case" in proc.stderr
