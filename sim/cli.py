@@ -140,12 +140,20 @@ def trace_gen(
     seed: int = typer.Option(0, help="random seed: same seed, same trace"),
     requests: int = typer.Option(1, help="independent requests"),
     output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    reuse_decode: Optional[float] = typer.Option(None, "--reuse-decode", help="your measured adjacent-token "
+                                                 "reuse in decode (share of a token's experts the previous token "
+                                                 "picked too) in place of the preset's"),
+    reuse_prefill: Optional[float] = typer.Option(None, "--reuse-prefill", help="the same in prefill"),
+    entropy: Optional[float] = typer.Option(None, "--entropy", help="normalized popularity entropy of the middle "
+                                            "layers (1 = uniform), for presets with a generic popularity"),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
-    """Generate a synthetic trace that reproduces measured routing statistics."""
+    """Generate a synthetic trace that reproduces measured routing statistics (the preset's, or yours)."""
     from sim.trace.generate import generate_trace
 
-    trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests)
+    statistics = {k: v for k, v in (("reuse_decode", reuse_decode), ("reuse_prefill", reuse_prefill),
+                                    ("entropy", entropy)) if v is not None}
+    trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests, statistics or None)
     _write_trace(trace, output)
     _report_written(_trace_summary(trace, output), as_json)
 

@@ -240,7 +240,8 @@ def _check_trace(s: Scenario, layout: ModelLayout, base: Path, where: str) -> tu
                          "give exactly one of generator = PRESET or path = FILE")
     want = (layout.n_experts, layout.top_k)
     if t.generator is not None:
-        from sim.trace.generate import GENERATOR_PRESETS, generator_preset_names
+        from sim.trace.generate import generator_preset_names
+        from sim.trace.generator_spec import GENERATOR_PRESETS
         from sim.model.presets import get_preset
 
         if t.generator not in GENERATOR_PRESETS:
@@ -334,7 +335,7 @@ def canonical(scenario: Scenario) -> dict:
     layout.pop("source", None)  # provenance text (a GGUF path), not content
     trace: dict[str, Any]
     if scenario.trace.generator is not None:
-        from sim.trace.generate import GENERATOR_PRESETS
+        from sim.trace.generator_spec import GENERATOR_PRESETS
 
         trace = {"generator": scenario.trace.generator, "seed": scenario.trace.seed,
                  "preset": GENERATOR_PRESETS[scenario.trace.generator]}

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from sim.errors import InputError
 from sim.model.presets import get_preset, preset_names
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL
-from sim.trace.generate import DERIVED_PATH, GENERATOR_PRESETS, _model, generate_trace, routing_key_hash
+from sim.trace.generate import generate_trace
+from sim.trace.generator_model import DERIVED_PATH, _model, routing_key_hash
+from sim.trace.generator_spec import GENERATOR_PRESETS
 from sim.trace.stats import prefill_union_by_layer, trace_stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -409,3 +411,48 @@ def test_derived_figures_are_up_to_date(monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(script)])
     module = runpy.run_path(str(script))
     assert module["main"](["--check"]) == 0
+
+
+# ------------------------------------------------------------------------------------------ user statistics
+
+
+def test_measured_statistics_replace_the_presets_defaults():
+    from sim.trace.stats import trace_stats
+
+    for statistics in ({"reuse_decode": 0.6}, {"reuse_prefill": 0.5}):
+        trace = generate_trace("mixtral-8x7b", 256, 256, 0, 4, statistics)
+        s = trace_stats(trace)["summary"]
+        key, target = next(iter(statistics.items()))
+        assert s[f"{key}_mean"] == pytest.approx(target, abs=0.02), (key, s[f"{key}_mean"])
+        assert trace.header.generator["statistics"] == statistics
+    flat = trace_stats(generate_trace("qwen3.8-flash-next-iq3s", 0, 3000, 0))["summary"]["entropy_norm_median"]
+    skewed = trace_stats(generate_trace("qwen3.8-flash-next-iq3s", 0, 3000, 0, statistics={"entropy": 0.9}))
+    assert skewed["summary"]["entropy_norm_median"] < flat - 0.03  # a lower entropy is a more skewed popularity
+    # the preset's own trace is unchanged by the option's existence
+    assert np.array_equal(generate_trace("mixtral-8x7b", 8, 8, 3).experts,
+                          generate_trace("mixtral-8x7b", 8, 8, 3, statistics=None).experts)
+
+
+@pytest.mark.parametrize("statistics, why", [
+    ({"reuse_decode": 1.2}, "0 <= reuse < 0.95"),
+    ({"entropy": 0.2}, "0.5 <= entropy <= 1"),
+    ({"entropy": 0.9, "preset": "qwen3-30b-a3b"}, "fitted to measured heat"),
+])
+def test_bad_statistics_are_one_line(statistics, why):
+    preset = statistics.pop("preset", "qwen3.8-flash-next-iq3s")
+    with pytest.raises(InputError) as info:
+        generate_trace(preset, 4, 4, 0, statistics=statistics)
+    assert why in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_trace_gen_takes_a_measured_reuse(tmp_path):
+    import subprocess
+
+    from sim.trace.format import read_trace
+
+    proc = subprocess.run([sys.executable, "-m", "sim", "trace", "gen", "--preset", "mixtral-8x7b",
+                           "--prompt-tokens", "64", "--decode-tokens", "256", "--reuse-decode", "0.55",
+                           "-o", str(tmp_path / "t.parquet"), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert read_trace(tmp_path / "t.parquet").header.generator["statistics"] == {"reuse_decode": 0.55}
+    assert json.loads(proc.stdout)

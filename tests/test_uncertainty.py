@@ -114,3 +114,10 @@ def test_cli_run_uncertainty_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     u = json.loads(proc.stdout)["uncertainty"]
     assert u["n"] == 2 and u["bands"]["decode_tok_s"]["n"] == 2 and u["sensitivity"]
+
+
+def test_with_values_reaches_a_compute_table_whose_key_has_dots():
+    profile = load_hardware("rtx-5090-48gb-windows")
+    changed = with_values(profile, {"compute.qwen3.8-flash-next.prefill_us_per_token_layer": 4.5})
+    assert changed.compute["qwen3.8-flash-next"].prefill_us_per_token_layer.value == 4.5
+    assert changed.compute["deepseek-v4-flash"] == profile.compute["deepseek-v4-flash"]

@@ -273,11 +273,12 @@ def derive() -> dict:
 def calibrate(stored: dict) -> dict:
     """Per distinct routing spec: the calibrated working-set shifts and keep probabilities (slow: pilots)."""
     sys.path.insert(0, str(ROOT))
-    import sim.trace.generate as gen
+    import sim.trace.generator_model as gen
+    from sim.trace.generator_spec import GENERATOR_PRESETS
 
     gen._derived.cache_clear()
     out: dict = {}
-    for name in sorted(gen.GENERATOR_PRESETS):
+    for name in sorted(GENERATOR_PRESETS):
         key = gen.routing_key_hash(name)
         if key in out:
             out[key]["presets"].append(name)

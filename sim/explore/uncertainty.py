@@ -135,12 +135,15 @@ def with_values(profile, values: dict[str, float]):
             for point in data["ssd"]["read_gbps_by_queue_depth"]:
                 point["value"] *= float(value)
             continue
-        node = data
-        parts = path.replace("]", "").replace("[", ".").split(".")
-        for part in parts[:-1]:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        last = parts[-1]
-        target = node[int(last)] if isinstance(node, list) else node[last]
+        if path.startswith("compute."):  # a model class key may hold dots itself (qwen3.8-flash-next)
+            key, field = path[len("compute."):].rsplit(".", 1)
+            target = data["compute"][key][field]
+        else:
+            node = data
+            parts = path.replace("]", "").replace("[", ".").split(".")
+            for part in parts[:-1]:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            target = node[int(parts[-1])] if isinstance(node, list) else node[parts[-1]]
         target["value"] = int(value) if path in INTEGER_INPUTS else float(value)
     changed = HardwareProfile.model_validate(data)
     for attr in ("_path", "_calibration_path", "_calibration_sha256"):

@@ -844,3 +844,46 @@ def validation_cases() -> Exhibit:
                "within_share": pct(t["prediction_rows_within"] / judged, 0) if judged else "-"}
     return Exhibit({"cases": "scenarios/validation/*.toml", "command": "expertsim validate"},
                    {"rows": rows, "totals": t}, numbers)
+
+
+# ------------------------------------------------------------------------------------------ generator honesty
+
+HONESTY_STATS = (("reuse_prefill_mean", "adjacent-token reuse, prefill"), ("reuse_decode_mean",
+                 "adjacent-token reuse, decode"), ("entropy_norm_median", "popularity entropy (median layer)"),
+                 ("entropy_norm_min", "popularity entropy (lowest layer)"),
+                 ("hottest_over_uniform_max", "hottest expert / uniform (max over layers)"))
+# Qwen3.8-Flash-Next: routed mass held by the top-N (layer, expert) pairs of a long profile (reference/
+# validation-cases.md, spideytznn generate.cpp @ 01dee942): N -> share
+QWEN38_COVERAGE = ((5805, 0.692), (14384, 0.898), (14541, 0.922), (20000, 0.994))
+
+
+@exhibit("generator-honesty")
+def generator_honesty() -> Exhibit:
+    """The generator against real routing: the Mixtral per-token trace of ../shared/data (the same prompt and
+    decode lengths, 8 generated requests), and Qwen3.8-Flash-Next's measured profile coverage."""
+    from sim.trace.generate import generate_trace
+    from sim.trace.importers import import_trace
+    from sim.trace.stats import trace_stats
+
+    real_path = ROOT.parent / "shared" / "data" / "mixtral-routing" / "routing_raw.jsonl"
+    real = trace_stats(import_trace(real_path, n_experts=8))["summary"]
+    ours = trace_stats(generate_trace("mixtral-8x7b", 135, 83, 0, requests=8))["summary"]
+    rows = []
+    for key, what in HONESTY_STATS:
+        r, o = real.get(key), ours.get(key)
+        rows.append({"model": "mixtral-8x7b", "statistic": what, "real": r, "generated": o,
+                     "error": None if r in (None, 0) or o is None else (o - r) / r})
+    trace = generate_trace("qwen3.8-flash-next-iq3s", 0, 20000, 0)
+    counts = np.bincount((trace.experts.astype(np.int64) + (np.arange(48) * 512)[None, :, None]).ravel(),
+                         minlength=48 * 512)
+    share = np.cumsum(np.sort(counts)[::-1]) / counts.sum()
+    for n, measured in QWEN38_COVERAGE:
+        rows.append({"model": "qwen3.8-flash-next-iq3s", "statistic": f"routed mass of the top {n:,} pairs",
+                     "real": measured, "generated": float(share[n - 1]),
+                     "error": (float(share[n - 1]) - measured) / measured})
+    numbers = {"mixtral_reuse_error": signed_pct(rows[1]["error"]),
+               "qwen_top5805_generated": pct(rows[len(HONESTY_STATS)]["generated"], 0)}
+    return Exhibit({"real": ["../shared/data/mixtral-routing/routing_raw.jsonl (Mario928/speculative-moe)",
+                             "reference/validation-cases.md: Qwen3.8 profile coverage"],
+                    "generated": "generate_trace(mixtral-8x7b, 135, 83, seed 0, 8 requests); "
+                                 "generate_trace(qwen3.8-flash-next-iq3s, 0, 20000, seed 0)"}, {"rows": rows}, numbers)

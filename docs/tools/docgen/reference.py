@@ -322,6 +322,13 @@ def validation_table() -> str:
                  rows, "lllrrrlrl")
 
 
+def generator_honesty_table() -> str:
+    rows = [[f"`{r['model']}`", r["statistic"], f"{r['real']:.3f}", f"{r['generated']:.3f}",
+             "" if r["error"] is None else f"{100 * r['error']:+.1f} %"]
+            for r in exhibit("generator-honesty")["data"]["rows"]]
+    return table(["preset", "statistic", "real", "generated", "error"], rows, "llrrr")
+
+
 def replay_spread_table() -> str:
     """The GPU copy replay on two H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
     import json
@@ -468,7 +475,7 @@ def bench_table() -> str:
             + table(["row", "value", "target", "met"], rows, "lrll"))
 
 
-REGIONS = {"replay-spread": replay_spread_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
+REGIONS = {"replay-spread": replay_spread_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
            "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,

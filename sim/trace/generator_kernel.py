@@ -1,0 +1,236 @@
+"""The generator's per-token loop: one numba kernel with its own splitmix64 generator, so a (model, seed,
+sizes) triple gives the same trace on every run (docs/trace-generator.md: the mechanisms it draws).
+
+Only arrays go in and out; sim/trace/generator_model.py builds them from a preset and calibrates them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+# --------------------------------------------------------------------------------------- kernel
+
+
+@nb.njit(inline="always")
+def _next(st):
+    st[0] += np.uint64(0x9E3779B97F4A7C15)
+    z = st[0]
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@nb.njit(inline="always")
+def _rand(st):
+    return (_next(st) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@nb.njit(inline="always")
+def _normal(st):
+    u1 = _rand(st)
+    while u1 <= 1e-300:
+        u1 = _rand(st)
+    u2 = _rand(st)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+@nb.njit(inline="always")
+def _mix(x):
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@nb.njit(inline="always")
+def _search(cum, x):
+    lo = 0
+    hi = cum.shape[0] - 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if cum[mid] > x:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@nb.njit(inline="always")
+def _pick(x, n, sel, srt, stamp, mark):
+    """Append expert x to the n picks: sel in pick order, srt kept ascending, x stamped; returns n + 1."""
+    sel[n] = x
+    stamp[x] = mark
+    i = n - 1
+    while i >= 0 and srt[i] > x:
+        srt[i + 1] = srt[i]
+        i -= 1
+    srt[i + 1] = x
+    return n + 1
+
+
+@nb.njit(cache=True)
+def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer):
+    e_n = w.shape[1]
+    a = math.sqrt(1.0 - eta * eta)
+    for c in range(n_ctx):
+        acc = 0.0
+        for e in range(e_n):
+            u = w[layer, e]
+            inside = True
+            if local[layer]:
+                z = a * zg[layer, group_of[layer, e]] + eta * zi[layer, e]
+                if z <= thr[layer, e]:
+                    u *= leak  # outside the request's working set: a small, untilted weight
+                    inside = False
+                else:
+                    u *= math.exp(sigma[layer] * z)
+            if inside and n_ctx > 1 and ctx_of[layer, e] == c:
+                u *= kappa[layer]
+            acc += u
+            cum[layer, c, e] = acc
+
+
+@nb.njit(cache=True, nogil=True)  # nogil: independent requests can be generated on several cores
+def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, group_of, members, gstart, n_groups,
+            ctx_of, n_ctx, kappa, stick, rho, partner, seg_p, drift, is_hash, vocab_cum, hash_seed):
+    n_layers, e_n = w.shape
+    steps = prompt + decode
+    rows = n_req * steps
+    out = np.empty((rows, n_layers, k), np.uint16)
+    st = np.empty(1, np.uint64)
+    st[0] = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(0x2545F4914F6CDD1D)
+    max_g = 1
+    for layer in range(n_layers):
+        if n_groups[layer] > max_g:
+            max_g = n_groups[layer]
+    zg = np.zeros((n_layers, max_g))
+    zi = np.zeros((n_layers, e_n))
+    cum = np.zeros((n_layers, n_ctx, e_n))
+    prev = np.zeros((n_layers, k), np.int64)
+    sel = np.zeros(k, np.int64)
+    srt = np.zeros(k, np.int64)  # the picks of the current (token, layer) in ascending id order
+    # stamp[e] == mark: e is already picked for the current (token, layer); one O(1) test instead of a scan
+    stamp = np.zeros(e_n, np.int64)
+    mark = 0
+    mate_weight = np.zeros(members.shape[1])  # group mates' current weights, 0 once picked
+    any_hash = False
+    for layer in range(n_layers):
+        if is_hash[layer]:
+            any_hash = True
+    keep_d = math.sqrt(1.0 - drift)
+    add_d = math.sqrt(drift)
+    row = 0
+    for r in range(n_req):
+        for layer in range(n_layers):
+            if is_hash[layer]:
+                continue
+            for g in range(n_groups[layer]):
+                zg[layer, g] = _normal(st)
+            for e in range(e_n):
+                zi[layer, e] = _normal(st)
+            _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
+        ctx = 0
+        for t in range(steps):
+            ph = 0 if t < prompt else 1
+            if t > 0 and seg_p > 0.0 and _rand(st) < seg_p:
+                for layer in range(n_layers):
+                    if is_hash[layer] or not local[layer]:
+                        continue
+                    for g in range(n_groups[layer]):
+                        zg[layer, g] = keep_d * zg[layer, g] + add_d * _normal(st)
+                    for e in range(e_n):
+                        zi[layer, e] = keep_d * zi[layer, e] + add_d * _normal(st)
+                    _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
+            if n_ctx > 1 and (t == 0 or _rand(st) >= stick):
+                ctx = int(_rand(st) * n_ctx)
+            tid = 0
+            if any_hash:
+                tid = _search(vocab_cum, _rand(st) * vocab_cum[vocab_cum.shape[0] - 1])
+            for layer in range(n_layers):
+                n = 0
+                mark += 1
+                removed = 0.0  # the summed weights of the picks so far, in pick order
+                if is_hash[layer]:
+                    attempt = 0
+                    while n < k:
+                        h = _mix(hash_seed ^ (np.uint64(layer) << np.uint64(40)) ^ (np.uint64(tid) << np.uint64(8))
+                                 ^ np.uint64(attempt))
+                        attempt += 1
+                        x = int(h % np.uint64(e_n))
+                        dup = False
+                        for j in range(n):
+                            if sel[j] == x:
+                                dup = True
+                                break
+                        if not dup:
+                            sel[n] = x
+                            n += 1
+                else:
+                    c = cum[layer, ctx]
+                    total = c[e_n - 1]
+                    if t > 0:
+                        p_keep = rho[ph, layer]
+                        for j in range(k):
+                            if _rand(st) < p_keep:
+                                n = _pick(prev[layer, j], n, sel, srt, stamp, mark)
+                                removed += c[sel[n - 1]] - (c[sel[n - 1] - 1] if sel[n - 1] > 0 else 0.0)
+                    while n < k:
+                        x = -1
+                        if n > 0 and partner[layer] > 0.0 and _rand(st) < partner[layer]:
+                            a = sel[int(_rand(st) * n)]
+                            g = group_of[layer, a]
+                            s0 = gstart[layer, g]
+                            size = gstart[layer, g + 1] - s0
+                            if size > 1:
+                                # a group mate not yet picked, by its current weight (so the working
+                                # set and the token's context still apply)
+                                tot = 0.0
+                                for i in range(size):
+                                    y = members[layer, s0 + i]
+                                    mate_weight[i] = c[y] - (c[y - 1] if y > 0 else 0.0)
+                                    if stamp[y] == mark:
+                                        mate_weight[i] = -1.0  # already picked
+                                    if mate_weight[i] >= 0.0:
+                                        tot += mate_weight[i]
+                                if tot > 0.0:
+                                    pick = _rand(st) * tot
+                                    for i in range(size):
+                                        if mate_weight[i] < 0.0:
+                                            continue
+                                        x = members[layer, s0 + i]
+                                        pick -= mate_weight[i]
+                                        if pick <= 0.0:
+                                            break
+                        if x < 0:
+                            # an exact draw without replacement: a point of the range with the picked
+                            # experts cut out, mapped back onto cum by adding the widths of the cut
+                            # intervals below it (picked ids visited in ascending order)
+                            left = total - removed
+                            if left > total * 1e-9:
+                                xx = _rand(st) * left
+                                for j in range(n):
+                                    y = srt[j]
+                                    if (c[y - 1] if y > 0 else 0.0) <= xx:
+                                        xx += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                    else:
+                                        break
+                                y = _search(c, xx)
+                                if c[y] - (c[y - 1] if y > 0 else 0.0) > 0.0 and stamp[y] != mark:
+                                    x = y
+                        if x < 0:  # fewer than k experts with weight: take a free id from a random start
+                            y = int(_rand(st) * e_n)
+                            while stamp[y] == mark:
+                                y = (y + 1) % e_n
+                            x = y
+                        n = _pick(x, n, sel, srt, stamp, mark)
+                        removed += c[x] - (c[x - 1] if x > 0 else 0.0)
+                for j in range(k):
+                    prev[layer, j] = sel[j]
+                    out[row, layer, j] = sel[j]
+            row += 1
+    return out
+
+

@@ -1,0 +1,225 @@
+"""The generator presets' routing specs: every strength of the generator's mechanisms, with the published
+figure it comes from (docs/trace-generator.md has the table; routing-traces.md the sources).
+
+A spec is data: popularity, temporal reuse, working sets (locality), co-activation, cross-layer contexts,
+segments and the targets the calibration meets. `GENERATOR_PRESETS` maps a preset name to its spec;
+`with_statistics` gives a spec with a user's measured statistics in place of the preset's defaults.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from sim.errors import InputError
+
+# ------------------------------------------------------------------------------- published figures
+
+# Qwen3-30B-A3B decode reuse by layer, gajsanders/moe-trace docs/findings/006 (25 prompts, 3,225 decode
+# tokens): L0 7.9 %, L6 56.2, L7 59.7, L18 55.6, L31 57.7, L47 20.6 %. As (relative depth, reuse) knots.
+# Linear interpolation of these knots averages 0.474 over 48 layers, above the measured layer mean 0.427,
+# so presets use the *shape* and rescale it to their own mean.
+REUSE_SHAPE_QWEN3 = ((0.0, 0.079), (6 / 47, 0.562), (7 / 47, 0.597), (18 / 47, 0.556), (31 / 47, 0.577),
+                     (1.0, 0.206))
+REUSE_SHAPE_FLAT = ((0.0, 1.0), (1.0, 1.0))
+
+_FINE_REUSE = dict(decode=0.427, prefill=0.376, shape="qwen3",
+                   source="Qwen3-30B-A3B: decode mean 42.7 % (gajsanders 006, 25 prompts); prefill/decode "
+                          "36.5/41.5 % (gajsanders 005) -> prefill 0.427 x 36.5/41.5 = 0.376; layer shape "
+                          "from the 006 per-layer values")
+_FINE_UNION = dict(chunk=512, ratio=0.69, ratio_first=0.78,
+                   source="a 512-token ubatch touched 72-95 (median ~84) of 128 experts per layer (llama.cpp "
+                          "PR #15346, slaren; blk 0: 95) where independent draws from Qwen3-30B-A3B heat "
+                          "predict 111-126 (median 122): ratio 84/122 = 0.69, first layer 95/122 = 0.78")
+_COACT = dict(group_size_frac=1 / 32, partner_prob=0.3,
+              source="mbolt within-layer pairs: lift up to ~35-800, kept pairs (lift >= 1.5) 17-25 % of all "
+                     "pairs on Qwen3-30B-A3B; GLM-5.2 top pair co-fires on 7.5 % of tokens at lift 5.1, "
+                     "p99 lift ~15 (colibri #119)")
+_CROSS = dict(contexts=4, stick=0.0, boost_first=6.0, boost_last=50.0,
+              source="OLMoE rank-aligned MI 3 % (layers 0->7) to 6-8 % (7->15) of the entropy (allenai/OLMoE "
+                     "counts, routing-traces.md §1 #3); adjacent-layer Jaccard 0.017 vs 0.016 shuffle (mbolt). "
+                     "Boosts chosen by hand: they give 2-4 % all-pairs MI without moving reuse or skew")
+_SEGMENT = dict(mean_tokens=256, drift=0.05,
+                source="no measurement: a request's working set drifts slowly (5 % of the tilt variance "
+                       "replaced every ~256 tokens) so that very long requests do not freeze one hot set")
+
+
+# How a request's working set is drawn (see the module docstring); the set size is calibrated per layer.
+_WORKING_SET = dict(tilt_sigma=0.5, popularity_preference=0.5, own_share=0.5, leak=0.0)
+
+
+def _fine(model: str, popularity: dict, targets: dict, reuse=None, union=None, **extra) -> dict:
+    locality = copy.deepcopy(_FINE_UNION) if union is None else (copy.deepcopy(union) or None)
+    if locality:
+        locality = {**_WORKING_SET, **locality}
+    spec = dict(model=model, popularity=popularity, reuse=copy.deepcopy(reuse or _FINE_REUSE),
+                locality=locality,
+                coactivation=copy.deepcopy(_COACT), cross_layer=copy.deepcopy(_CROSS),
+                segments=copy.deepcopy(_SEGMENT), targets=targets)
+    spec.update(extra)
+    return spec
+
+
+_QWEN3_30B_TARGETS = {
+    "entropy_norm": dict(min=0.868, median=0.888, max=0.947, source="mbolt heat, routing-traces.md §1 #2"),
+    "top_k_share": dict(min=0.16, median=0.25, max=0.31, source="§1 #2"),
+    "hottest_over_uniform": dict(min=3.1, median=5.7, max=7.7, source="§1 #2"),
+    "gini": dict(min=0.39, median=0.56, max=0.61, source="§1 #2"),
+    "reuse_decode_mean": dict(value=0.427, band=(0.36, 0.43), source="gajsanders 006 / 005"),
+    "reuse_prefill_mean": dict(value=0.376, source="gajsanders 005 (36.5 vs 41.5 %)"),
+    "reuse_layers": dict(first=0.079, middle=(0.55, 0.60), last=0.206, source="gajsanders 006"),
+    "union_512": dict(min=72, max=95, independent=(111, 126), source="PR #15346; §3.3 (computed)"),
+    "coactivation": dict(kept_pairs_share=(0.17, 0.25), top_lift="~35 (layer 0)", source="mbolt pairs"),
+}
+_QWEN3_NEXT_TARGETS = {
+    "entropy_norm": dict(min=0.908, median=0.929, max=0.971, source="mbolt heat, routing-traces.md §1 #2"),
+    "top_k_share": dict(min=0.06, median=0.09, max=0.14, source="§1 #2"),
+    "hottest_over_uniform": dict(min=4.0, median=6.5, max=12.8, source="§1 #2"),
+    "gini": dict(min=0.32, median=0.51, max=0.57, source="§1 #2"),
+    "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B (no Next measurement)"),
+    "union_512": dict(ratio_to_independent=0.69, source="borrowed from Qwen3-30B-A3B (PR #15346)"),
+}
+
+GENERATOR_PRESETS: dict[str, dict] = {}
+
+
+def _deepseek(model: str, key: str, hottest_median_v3: float = 6.0) -> dict:
+    return _fine(
+        model,
+        popularity=dict(kind="derived", key=key, temper_hottest_median=hottest_median_v3,
+                        source=f"ds4 hotlist ranks ({key}), per-layer stretched-exponential fit "
+                               "(traces/derive_generator_presets.py); the hotlist is one short profile run, so "
+                               "its skew is tempered (p^tau, one tau per model) to the long-run DeepSeek-V3 "
+                               "median hottest ÷ uniform of 6.0 (max per-layer frequency 1.25-5.19 %, median "
+                               "2.36 % of 256, johanna-rock/moe-balance GPQA, §3.2)"),
+        union=dict(chunk="profile_tokens", derived=key,
+                   source=f"distinct experts per layer in the {key} hotlist profile run (one request): "
+                          "the per-layer listed counts at the run's length"),
+        targets={
+            "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3),
+                                         source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
+            "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B; hash layers excluded"),
+            "profile_union": dict(source=f"{key} hotlist: listed experts per layer (derived JSON)"),
+            "hash_layers": dict(value="near-uniform; 251-254 of 256 experts in the Flash hotlist",
+                                source="ds4 hotlist"),
+        },
+        hash_layers=[0, 1, 2],
+        hash_routing=dict(vocab=129_280, zipf_exponent=1.0, zipf_offset=2.7,
+                          source="DeepSeek V4 routes blocks 0-2 by token id (tid2eid); token ids Zipf(1.0) "
+                                 "over the 129,280-token vocabulary, our choice"),
+    )
+
+
+for _name in ("deepseek-v4-flash-q2", "deepseek-v4-flash-q2-q4", "deepseek-v4-flash-q4"):
+    GENERATOR_PRESETS[_name] = _deepseek(_name, "deepseek-v4-flash")
+GENERATOR_PRESETS["deepseek-v4-pro"] = _deepseek("deepseek-v4-pro", "deepseek-v4-pro")
+GENERATOR_PRESETS["qwen3-30b-a3b"] = _fine(
+    "qwen3-30b-a3b",
+    popularity=dict(kind="derived", key="qwen3-30b-a3b",
+                    source="mbolt heat (75,773 decode tokens), per-layer stretched-exponential fit"),
+    targets=_QWEN3_30B_TARGETS)
+GENERATOR_PRESETS["qwen3-next-80b-a3b"] = _fine(
+    "qwen3-next-80b-a3b",
+    popularity=dict(kind="derived", key="qwen3-next-80b-a3b",
+                    source="mbolt heat (24,963 decode tokens), per-layer stretched-exponential fit"),
+    targets=_QWEN3_NEXT_TARGETS)
+GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"] = _fine(
+    "qwen3.8-flash-next-iq3s",
+    popularity=dict(kind="generic", beta=0.8, entropy_first=0.997, entropy_mid=0.992, entropy_spread=0.002,
+                    source="llama.cpp PR #28544: hottest slot only ~2.5x uniform within ~1.3k tokens, 'no "
+                           "exploitable hot set'; reuse bursts alone lift a 1.3k-token window's hottest slot "
+                           "to ~3x, so the long-run skew is set low (hottest ~2x uniform)"),
+    union=False,
+    targets={
+        "slots_active_1300": dict(value=0.986, band=(0.95, 1.0), source="PR #28544: 98.6 % of 24,576 slots "
+                                                                       "within ~1.3k tokens"),
+        "hottest_over_uniform": dict(value=2.5, source="PR #28544 (hottest slot over all slots)"),
+        "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
+    })
+# Strata's other packs of the same model route the same way (a pack changes the bytes, not the router): they
+# share the IQ3_S preset's spec, so its stored calibration and its traces.
+for _name in ("qwen3.8-flash-next-q2_0", "qwen3.8-flash-next-iq3xxs", "qwen3.8-flash-next-huihui-iq3s"):
+    GENERATOR_PRESETS[_name] = {**copy.deepcopy(GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"]), "model": _name}
+GENERATOR_PRESETS["mixtral-8x7b"] = _fine(
+    "mixtral-8x7b",
+    popularity=dict(kind="generic", beta=1.0, entropy_first=0.995, entropy_mid=0.985, entropy_spread=0.01,
+                    source="Mario928 Mixtral files: per-layer normalised entropy 0.92-1.00 (mean 0.98), top "
+                           "share 0.14-0.24; allenai/OLMoE Mixtral counts 0.98-1.00 (§1 #1, #3)"),
+    reuse=dict(decode=0.372, prefill=0.39, shape="flat",
+               source="Mario928 files (computed): decode 0.399 HumanEval / 0.344 GSM8K (mean 0.372); "
+                      "HumanEval/0 raw prefill 0.390"),
+    union=False,
+    targets={
+        "reuse_decode_mean": dict(value=0.372, band=(0.34, 0.40), source="Mario928 files (§1 #1)"),
+        "entropy_norm": dict(min=0.92, mean=0.98, max=1.0, source="Mario928 files (§1 #1)"),
+        "top_k_share": dict(min=0.27, max=0.31, source="OLMoE repo Mixtral counts, top-2 (§1 #3)"),
+    })
+GENERATOR_PRESETS["mixtral-8x7b"]["coactivation"]["partner_prob"] = 0.0
+GENERATOR_PRESETS["olmoe-1b-7b"] = _fine(
+    "olmoe-1b-7b",
+    popularity=dict(kind="generic", beta=0.9, entropy_first=0.97, entropy_mid=0.93, entropy_spread=0.03,
+                    source="allenai/OLMoE counts, layers 0/7/15: normalised entropy 0.83-0.99 by domain "
+                           "(c4 0.99/0.98/0.97 ... wikipedia 0.94/0.91/0.83), hottest 2.5-7.8x (§1 #3); the "
+                           "middle of that range, which also gives the 8-token window coverage below"),
+    reuse=dict(decode=0.422, prefill=0.361, shape="qwen3",
+               source="colibri route200 replay: 40.3 % all rows, 42.2 % decode (91 prompt + 198 decode rows -> "
+                      "prefill 0.361); Tejas3023 teacher-forced WikiText 35.8 %"),
+    union=False,
+    targets={
+        "window8_coverage": dict(value=0.755, source="Tejas3023 Day_5_to_10_Progress.md: the previous 8 tokens "
+                                                     "cover 75.5 % (6.04 of 8) of a token's experts; met "
+                                                     "without request working sets, so none are used"),
+        "reuse_all_rows": dict(value=0.403, source="colibri policy_replay_route200.json"),
+        "reuse_decode_mean": dict(value=0.422, source="colibri"),
+        "entropy_norm": dict(range=(0.83, 0.99), source="allenai/OLMoE counts (§1 #3)"),
+        "hottest_over_uniform": dict(range=(2.5, 7.8), source="§1 #3"),
+    })
+GENERATOR_PRESETS["glm-5.2"] = _fine(
+    "glm-5.2",
+    popularity=dict(kind="generic", beta=0.8, entropy_first=0.947, entropy_mid=0.89, entropy_spread=0.02,
+                    source="no GLM-5.2 heat stored: Qwen3-30B-A3B-like (§1 #2 medians, layer 0 flattest)"),
+    targets={
+        "coactivation": dict(top_pair_cofire=0.075, top_pair_lift=5.1, p99_lift=15,
+                             source="mbolt GLM-5.2 overlay via colibri #119 (§1 #2)"),
+        "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
+    })
+GENERATOR_PRESETS["gpt-oss-120b"] = _fine(
+    "gpt-oss-120b",
+    popularity=dict(kind="generic", beta=0.8, entropy_first=0.947, entropy_mid=0.89, entropy_spread=0.02,
+                    source="no gpt-oss heat stored: Qwen3-30B-A3B-like (§1 #2 medians, layer 0 flattest)"),
+    union=dict(chunk=512, absolute_first=[95, 91, 72, 74, 73, 78, 87, 95], absolute_rest=83,
+               source="llama.cpp PR #15346 (slaren): one 512-token ubatch of code, blk 0-7 touched "
+                      "95/91/72/74/73/78/87/95 of 128 (thread about gpt-oss-120b); later layers: their mean 83"),
+    targets={
+        "union_512": dict(min=72, max=95, source="PR #15346"),
+        "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
+    })
+GENERATOR_PRESETS["glm-5.2"]["coactivation"]["partner_prob"] = 0.15
+
+
+
+def with_statistics(spec: dict, reuse_decode: float | None = None, reuse_prefill: float | None = None,
+                    entropy: float | None = None, where: str = "trace gen") -> dict:
+    """A copy of a preset's spec with measured statistics in place of its defaults: the mean adjacent-token
+    reuse (the share of a token's experts the previous token also picked, over routed layers) in decode and
+    in prefill, and the normalized entropy of the middle layers' popularity (1 = uniform; presets whose
+    popularity is fitted to measured heat keep it). The calibration then meets the new targets."""
+    out = copy.deepcopy(spec)
+    for name, value in (("reuse-decode", reuse_decode), ("reuse-prefill", reuse_prefill)):
+        if value is None:
+            continue
+        if not 0.0 <= value < 0.95:
+            raise InputError(where, f"--{name}", value, "a share of the k experts: 0 <= reuse < 0.95")
+        out["reuse"][name.split("-")[1]] = float(value)
+        out["reuse"]["source"] = f"set by the user (--{name})"
+    if entropy is not None:
+        popularity = out["popularity"]
+        if popularity.get("kind") != "generic":
+            raise InputError(where, "--entropy", entropy, f"{spec['model']}'s popularity is fitted to measured heat "
+                                                          f"({popularity.get('source', 'derived')}); only presets "
+                                                          "with a generic popularity take an entropy")
+        if not 0.5 <= entropy <= 1.0:
+            raise InputError(where, "--entropy", entropy, "a normalized entropy: 0.5 <= entropy <= 1")
+        popularity["entropy_mid"] = float(entropy)
+        popularity["entropy_first"] = max(float(entropy), popularity["entropy_first"])
+        popularity["source"] = "set by the user (--entropy)"
+    return out
