@@ -7,6 +7,7 @@ line on stderr naming the file, field and value, and exit code 2.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -18,15 +19,22 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.errors import InputError
+from sim.outputs import claim_file, claim_folder, dumps
 from sim.units import GIB
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines.")
 trace_app = typer.Typer(no_args_is_help=True, help="Routing traces: import, generate, record, measure.")
 app.add_typer(trace_app, name="trace")
+hardware_app = typer.Typer(no_args_is_help=True, help="Hardware profiles: list them, show one's figures and sources.")
+app.add_typer(hardware_app, name="hardware")
+model_app = typer.Typer(no_args_is_help=True, help="Model layouts: a preset's or a GGUF file's experts and classes.")
+app.add_typer(model_app, name="model")
 
-out = Console(highlight=False, soft_wrap=True)
+_NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?")
+PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut, one line per row for grep and awk
 EXIT_BAD_INPUT = 2
+EXIT_POINTS_FAILED = 1  # a sweep that ran but where points failed: not bad input (2), not success
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
 
 
@@ -53,25 +61,34 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
     """Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines."""
 
 
+def _force():
+    return typer.Option(False, "--force", help="replace output files that already exist")
+
+
 def _print_json(payload) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    sys.stdout.write(dumps(payload, indent=2) + "\n")
 
 
-def _jsonable(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+def _print(*renderables) -> None:
+    """Print to stdout as it is now (a test runner or a notebook may have replaced it): at the terminal's width
+    with cells folded where they must, and when piped at a width that never cuts a row."""
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    console.print(*renderables)
 
 
 def _table(title: str, rows: list[dict], columns: list[str] | None = None) -> Table:
     columns = columns or (list(rows[0]) if rows else [])
+    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
     table = Table(title=title, title_justify="left")
-    for c in columns:
-        table.add_column(c, justify="left" if c in ("name", "phase", "policy", "key", "statistic", "cache", "prefill") else "right")
-    for row in rows:
-        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    for i, c in enumerate(columns):
+        numbers = [r[i] for r in cells if _NUMBER.fullmatch(r[i])]
+        # a narrow terminal folds text inside its cell ("fold", not "…") and never splits a number: a number
+        # column is at least as wide as its widest number
+        filled = [r[i] for r in cells if r[i]]
+        table.add_column(c, overflow="fold", min_width=max(map(len, numbers), default=None),
+                         justify="right" if filled and len(numbers) == len(filled) else "left")
+    for r in cells:
+        table.add_row(*r)
     return table
 
 
@@ -109,7 +126,7 @@ def _report_written(summary: dict, as_json: bool) -> None:
     if as_json:
         _print_json(summary)
     else:
-        out.print(_table("trace written", [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
+        _print(_table("trace written", [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
 
 
 # --- trace ----------------------------------------------------------------------------------------
@@ -122,11 +139,13 @@ def trace_import(
     fmt: str = typer.Option("auto", "--format", help="auto | vllm-jsonl | csv | jsonl"),
     n_experts: Optional[int] = typer.Option(None, help="experts per layer (default: from --model, else max id + 1)"),
     model: Optional[str] = typer.Option(None, help="model preset name the trace belongs to"),
+    force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """Convert a routing log into an expertsim trace."""
     from sim.trace.importers import import_trace
 
+    claim_file(output, force, "--output")
     trace = import_trace(file, fmt, n_experts=n_experts, model=model)
     _write_trace(trace, output)
     _report_written(_trace_summary(trace, output), as_json)
@@ -146,11 +165,13 @@ def trace_gen(
     reuse_prefill: Optional[float] = typer.Option(None, "--reuse-prefill", help="the same in prefill"),
     entropy: Optional[float] = typer.Option(None, "--entropy", help="normalized popularity entropy of the middle "
                                             "layers (1 = uniform), for presets with a generic popularity"),
+    force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """Generate a synthetic trace that reproduces measured routing statistics (the preset's, or yours)."""
     from sim.trace.generate import generate_trace
 
+    claim_file(output, force, "--output")
     statistics = {k: v for k, v in (("reuse_decode", reuse_decode), ("reuse_prefill", reuse_prefill),
                                     ("entropy", entropy)) if v is not None}
     trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests, statistics or None)
@@ -167,11 +188,13 @@ def trace_record(
     decode_tokens: int = typer.Option(16, help="greedy decode steps"),
     seed: int = typer.Option(0),
     requests: int = typer.Option(1),
+    force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """Record router top-k per layer from a transformers MoE model (needs expertsim[record])."""
     from sim.trace.record import record_trace
 
+    claim_file(output, force, "--output")
     trace = record_trace(model, prompt=prompt, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
                          seed=seed, requests=requests)
     _write_trace(trace, output)
@@ -191,13 +214,65 @@ def trace_stats_cmd(
     if as_json:
         _print_json(stats)
         return
-    out.print(_table(f"{trace_path}", [{"statistic": k, "value": v} for k, v in stats["summary"].items()],
+    _print(_table(f"{trace_path}", [{"statistic": k, "value": v} for k, v in stats["summary"].items()],
                      ["statistic", "value"]))
-    out.print(_table("per layer", stats["per_layer"]))
-    out.print(_table("prefill union vs chunk length", stats["prefill_union"]))
+    _print(_table("per layer", stats["per_layer"]))
+    _print(_table("prefill union vs chunk length", stats["prefill_union"]))
     for part, values in (stats.get("coactivation") or {}).items():
         rows = [{"statistic": k, "value": v} for k, v in values.items() if not isinstance(v, (list, dict))]
-        out.print(_table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))
+        _print(_table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))
+
+
+# --- hardware and model --------------------------------------------------------------------------
+
+
+@hardware_app.command("list")
+def hardware_list(as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+    """Every hardware profile a scenario can name from here (./hardware, ./scenarios/hardware, upward, then
+    expertsim's own)."""
+    from sim.model.hardware import find_profiles, load_hardware_file, profile_summary
+
+    rows = []
+    for path in find_profiles(Path.cwd()):
+        try:
+            rows.append(profile_summary(load_hardware_file(path.resolve())))
+        except InputError as exc:  # one broken profile of the user's does not hide the others
+            rows.append({"name": path.stem, "path": str(path), "error": str(exc)})
+    if as_json:
+        _print_json(rows)
+        return
+    _print(_table("hardware profiles (vram_gib: none for unified memory; ssd_gbps at the deepest queue)", rows,
+                  ["name", "os", "memory", "vram_gib", "ram_gib", "ssd_gbps", "h2d_pinned_gbps", "calibrated", "path",
+                   *(["error"] if any("error" in r for r in rows) else [])]))
+
+
+@hardware_app.command("show")
+def hardware_show(profile: str = typer.Argument(..., metavar="PROFILE", help="a profile name or a .toml path"),
+                  as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+    """One profile's figures, each with its unit and source (and its range where it is an estimate)."""
+    from sim.model.hardware import load_hardware, profile_figures, profile_summary
+
+    loaded = load_hardware(profile)
+    summary, figures = profile_summary(loaded), profile_figures(loaded)
+    if as_json:
+        _print_json({"summary": summary, "figures": figures})
+        return
+    _print(_table(f"{summary['name']} ({summary['path']})", figures, ["key", "value", "unit", "source", "range"]))
+
+
+@model_app.command("show")
+def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model preset name or a .gguf file"),
+               as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+    """A model's routed-expert layout: layers, experts, top-k, and per size class the bytes of one expert."""
+    layout = _layout_for(model, "")
+    described = layout.describe()
+    if as_json:
+        _print_json(described)
+        return
+    _print(_table(f"{described['name']}: {described['source']}",
+                  [{"key": k, "value": v} for k, v in described.items() if k not in ("size_classes", "source", "name")],
+                  ["key", "value"]))
+    _print(_table("size classes (one cache per class in ds4 since PR #504)", described["size_classes"]))
 
 
 # --- cache ----------------------------------------------------------------------------------------
@@ -260,10 +335,10 @@ def cache(
         _print_json({"summary": summary, **{k: v.to_dict(orient="records") for k, v in tables.items()}})
         return
     shown = {k: v for k, v in summary.items() if k not in ("trace_sha256",)}
-    out.print(_table(f"{trace_path}: {policy}, scope {scope}",
+    _print(_table(f"{trace_path}: {policy}, scope {scope}",
                      [{"key": k, "value": v} for k, v in shown.items()], ["key", "value"]))
     for name, frame in tables.items():
-        out.print(_table(name.replace("_", " "), frame.to_dict(orient="records")))
+        _print(_table(name.replace("_", " "), frame.to_dict(orient="records")))
 
 
 def _print_mrc(curve, trace, as_json: bool) -> None:
@@ -277,7 +352,7 @@ def _print_mrc(curve, trace, as_json: bool) -> None:
         # every capacity is in the JSON; the table shows a log-spaced sample
         picks = np.unique(np.geomspace(1, len(part) - 1, 16).astype(int)) if len(part) > 2 else np.arange(len(part))
         rows += part.iloc[picks].to_dict(orient="records")
-    out.print(_table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows))
+    _print(_table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows))
 
 
 # --- run -----------------------------------------------------------------------------------------
@@ -294,19 +369,31 @@ def run(
                                          "p10/median/p90 of each metric and which input moves it most"),
     seed: int = typer.Option(0, "--seed", help="the samples' seed"),
     workers: Optional[int] = typer.Option(None, help="worker processes for --uncertainty (default: the CPU count)"),
+    settings: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                       help="change one scenario setting for this run (a dotted key as in sweep's "
+                                            "--grid, e.g. engine.flags.prefill-chunk=4096); repeat for more"),
+    force: bool = _force(),
 ):
     """Simulate an engine serving a scenario's workload: tok/s, TTFT, hit rates, lent slots, file reads."""
     from sim.engine.run import run_scenario, write_results
+    from sim.explore.sweep import parse_settings
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(scenario_path)
+    if output is not None:
+        claim_folder(output, force, "--output")
+    if perfetto is not None:
+        claim_file(perfetto, force, "--perfetto")
+    data, overrides = parse_settings(scenario_path, settings) if settings else (None, {})
+    scenario = load_scenario(scenario_path, data)
     if perfetto is not None and scenario.engine.name == "replay":
         raise InputError(str(scenario_path), "--perfetto", str(perfetto), "a cache-only replay has no timeline")
     if uncertainty and scenario.engine.name == "replay":
         raise InputError(str(scenario_path), "--uncertainty", uncertainty, "a cache-only replay reads no hardware")
     result = run_scenario(scenario)
+    if overrides:
+        result.summary["provenance"]["settings"] = overrides  # the scenario hash covers them too
     if uncertainty:
-        result.summary["uncertainty"] = _uncertainty(scenario_path, scenario, uncertainty, seed, workers)
+        result.summary["uncertainty"] = _uncertainty(scenario_path, scenario, uncertainty, seed, workers, data)
     if output is not None:
         result.summary["files"] = write_results(result, output)
     if perfetto is not None:
@@ -322,42 +409,45 @@ def run(
     if s["engine"] == "replay":  # counts only: its tables are per phase and per size class, not links
         from sim.engine.cache_only import FIGURES
 
-        out.print(_table(f"{scenario_path}: {s['provenance']['command_line']}, {s['model']} (cache only)",
+        _print(_table(f"{scenario_path}: {s['provenance']['command_line']}, {s['model']} (cache only)",
                          [{"key": k, "value": s[k]} for k in (*FIGURES, "direct_loads", "evictions")],
                          ["key", "value"]))
-        out.print(_table("per phase", s["per_phase"]))
-        out.print(_table("per class", s["per_class"]))
+        _print(_table("per phase", s["per_phase"]))
+        _print(_table("per class", s["per_class"]))
         return
     from sim.explore.runner import METRICS
 
-    out.print(_table(f"{scenario_path}: {s['engine']} {s['variant']} on {s['hardware']}, {s['model']}",
+    _print(_table(f"{scenario_path}: {s['engine']} {s['variant']} on {s['hardware']}, {s['model']}",
                      [{"key": k, "value": s[k]} for k in METRICS if k in s], ["key", "value"]))
-    out.print(_table("links", s["links"]))
+    _print(_table("links", s["links"]))
     for notice in s["engine_state"].get("notices", []):
-        out.print(f"engine: {notice}")
+        _print(f"engine: {notice}")
+    for warning in s.get("out_of_domain", []):
+        _print(f"out of domain: {warning}")
     if "uncertainty" in s:
         from sim.explore.uncertainty import rank_sensitivity
 
         u = s["uncertainty"]
-        out.print(_table(f"under uncertainty: {u['n']} samples of {len(u['inputs'])} estimated inputs "
+        _print(_table(f"under uncertainty: {u['n']} samples of {len(u['inputs'])} estimated inputs "
                          f"({u['failed_samples']} failed)",
                          [{"key": k, **{q: b[q] for q in ("p10", "median", "p90")}} for k, b in u["bands"].items()
                           if b["n"] and k in s], ["key", "p10", "median", "p90"]))
         metric = "decode_tok_s" if s.get("decode_tok_s") else "prefill_tok_s"
         top = rank_sensitivity(u["sensitivity"], metric)[:8]
-        out.print(_table(f"what moves {metric} most: each input alone at the ends of its range",
+        _print(_table(f"what moves {metric} most: each input alone at the ends of its range",
                          [{"input": r["input"], "range": f"{_fmt(r['low'])}-{_fmt(r['high'])}",
                            "at low": r[f"{metric}@low"], "at high": r[f"{metric}@high"]} for r in top],
                          ["input", "range", "at low", "at high"]))
 
 
-def _uncertainty(scenario_path: Path, scenario, n: int, seed: int, workers: Optional[int]) -> dict:
+def _uncertainty(scenario_path: Path, scenario, n: int, seed: int, workers: Optional[int], data: dict | None) -> dict:
     from sim.explore.runner import make_point
     from sim.explore.uncertainty import propagate
     from sim.scenario import scenario_hash
     from sim.schema import read_toml
 
-    point = make_point(scenario_path, read_toml(scenario_path, str(scenario_path)), {}, scenario_hash(scenario))
+    data = data if data is not None else read_toml(scenario_path, str(scenario_path))
+    point = make_point(scenario_path, data, {}, scenario_hash(scenario))
     return propagate(point, scenario, n, seed, executor="processes" if (workers or 2) > 1 else "inline",
                      workers=workers)
 
@@ -374,10 +464,10 @@ def demo(as_json: bool = typer.Option(False, "--json", help="print JSON only")):
     if as_json:
         _print_json(result)
         return
-    out.print(result["title"])
-    out.print(_table(result["table_title"], result["rows"]))
+    _print(result["title"])
+    _print(_table(result["table_title"], result["rows"]))
     for line in result["notes"]:
-        out.print(line)
+        _print(line)
 
 
 @app.command()
@@ -392,7 +482,7 @@ def bench(
     if as_json:
         _print_json(rows)
         return
-    out.print(_table("expertsim bench", rows, ["name", "value", "unit", "target", "met"]))
+    _print(_table("expertsim bench", rows, ["name", "value", "unit", "target", "met"]))
 
 
 @app.command()
@@ -412,18 +502,21 @@ def calibrate(
     seed: int = typer.Option(0, help="random seed (slots, data, order)"),
     max_steps: Optional[int] = typer.Option(None, help="--replay: at most this many steps, evenly spaced"),
     tune: bool = typer.Option(True, "--tune/--no-tune", help="tune the gather kernel's launch shape first"),
+    force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """Measure copy costs on this GPU (D2D, H2D pinned/mapped, D2H; per-call latency, sync) and fit the model."""
     from sim.calibrate import api
 
+    if output is not None:
+        claim_file(output, force, "--output")
     log = (lambda msg: typer.echo(f"calibrate: {msg}", err=True))
     if replay is not None:
         report = api.replay(replay, calibration, max_steps=max_steps, seed=seed, output=output, log=log)
         if as_json:
             _print_json({k: v for k, v in report.items() if k != "per_step"})
             return
-        out.print(_table(f"replay of {replay} on {report['gpu']} (calibration: {report['calibration']['gpu']}, "
+        _print(_table(f"replay of {replay} on {report['gpu']} (calibration: {report['calibration']['gpu']}, "
                          f"{report['calibration']['status']}); goal {report['goal']}", report["summary"]))
         return
     if from_samples is not None:
@@ -437,13 +530,13 @@ def calibrate(
         _print_json({"file": result["file"], **{k: v for k, v in record.items() if k != "samples"}})
         return
     tables = api.report_rows(record)
-    out.print(_table(f"calibration {result['file'] or '(not written)'}", tables["summary"], ["key", "value"]))
-    out.print(_table("fitted cost model (us, GB/s) and relative fit error", tables["parameters"]))
+    _print(_table(f"calibration {result['file'] or '(not written)'}", tables["summary"], ["key", "value"]))
+    _print(_table("fitted cost model (us, GB/s) and relative fit error", tables["parameters"]))
     if tables["speed"]:
-        out.print(_table("speed", tables["speed"], ["name", "value", "unit", "target", "met", "detail"]))
+        _print(_table("speed", tables["speed"], ["name", "value", "unit", "target", "met", "detail"]))
     if tables["engine_vs_gather"]:
-        out.print(_table("the engines' way (ce_sync) vs the gather kernel, per step", tables["engine_vs_gather"]))
-    out.print(_table("hardware-profile fields these numbers stand for", tables["simulator_profile"], ["key", "value"]))
+        _print(_table("the engines' way (ce_sync) vs the gather kernel, per step", tables["engine_vs_gather"]))
+    _print(_table("hardware-profile fields these numbers stand for", tables["simulator_profile"], ["key", "value"]))
 
 
 # --- sweep ----------------------------------------------------------------------------------------
@@ -454,6 +547,13 @@ REPLAY_SWEEP_COLUMNS = ("cache_slots", "cache_mib", "decode_hit_rate", "prefill_
                         "method", "error")
 
 
+def _command_again(*flags: str) -> str:
+    """This command line, to paste into a shell, with `flags` in place of any it had among them."""
+    import shlex
+
+    return shlex.join(["expertsim", *(a for a in sys.argv[1:] if a not in flags), *flags])
+
+
 @app.command()
 def sweep(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
@@ -461,6 +561,7 @@ def sweep(
                                                          "KEY a dotted scenario key, e.g. engine.flags.prefill-chunk"),
     output: Path = typer.Option(..., "-o", "--output", help="results folder (Parquet, one file per point)"),
     resume: bool = typer.Option(False, "--resume", help="continue a sweep in OUTPUT: skip the finished points"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="with --resume: compute the failed points again"),
     executor: str = typer.Option("processes", help="processes (local) or dask"),
     scheduler: Optional[str] = typer.Option(None, help="Dask scheduler address (default: a LocalCluster)"),
     workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
@@ -471,24 +572,32 @@ def sweep(
         TimeRemainingColumn
 
     from sim.explore.runner import METRICS, REPLAY_METRICS
-    from sim.explore.sweep import expand_grid, load_sweep, open_results, run_sweep
+    from sim.explore.sweep import expand_grid, load_sweep, open_results, read_points, run_sweep
 
     points = expand_grid(scenario_path, grid)
     if points:
         open_results(output, points, resume)  # a folder of another sweep fails before the progress bar
-    if as_json:
-        result = run_sweep(points, output, executor=executor, workers=workers, scheduler=scheduler, resume=resume)
-    else:
-        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True)) as bar:
-            task = bar.add_task("sweep", total=len({p.point_id for p in points}))
+    total = len({p.point_id for p in points})
+    options = dict(executor=executor, workers=workers, scheduler=scheduler, resume=resume, retry_failed=retry_failed)
+    try:
+        if as_json:
+            result = run_sweep(points, output, **options)
+        else:
+            with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True)) as bar:
+                task = bar.add_task("sweep", total=total)
 
-            def advance(row, finished, total):
-                bar.update(task, completed=finished, total=total)
+                def advance(row, finished, total):
+                    bar.update(task, completed=finished, total=total)
 
-            result = run_sweep(points, output, executor=executor, workers=workers, scheduler=scheduler,
-                               resume=resume, progress=advance)
+                result = run_sweep(points, output, progress=advance, **options)
+    except Interrupted:
+        saved = len(read_points(output)[0]) if points else 0
+        typer.echo(f"expertsim: interrupted: {saved} of {total} points are saved in {output}; continue with: "
+                   f"{_command_again('--resume')}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     frame = load_sweep(output)
+    damaged = frame.attrs.get("damaged", [])
     order = {p.point_id: i for i, p in reversed(list(enumerate(points)))}
     frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
     keys = list(points[0].overrides) if points else []
@@ -496,9 +605,15 @@ def sweep(
     metrics = [c for c in METRICS if c in frame]  # a folder of an older version may lack some
     rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", "wall_s"]]
                       .to_json(orient="records"))
+    failed = (f"expertsim: sweep: {len(result.failed)} of {total} points failed (their errors are in the table); "
+              f"retry them with: {_command_again('--resume', '--retry-failed')}") if result.failed else None
     if as_json:
         _print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
-                     "resumed": len(result.resumed), "failed": len(result.failed), "rows": rows})
+                     "resumed": len(result.resumed), "failed": len(result.failed), "recomputed_damaged": result.damaged,
+                     "rows": rows})
+        if failed:
+            typer.echo(failed, err=True)
+            sys.exit(EXIT_POINTS_FAILED)
         return
     short = {k: k.rsplit(".", 1)[-1] for k in keys}
     columns = REPLAY_SWEEP_COLUMNS if "hit_rate" in frame else SWEEP_COLUMNS
@@ -506,9 +621,14 @@ def sweep(
     for r in shown:
         if r["error"] and len(r["error"]) > 60:
             r["error"] = "..." + r["error"][-57:]
-    out.print(_table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
+    _print(_table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
                      f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
                      shown, [*short.values(), *columns]))
+    for path in result.damaged or damaged:
+        _print(f"damaged point file {path}: {'recomputed' if result.damaged else 'skipped'}")
+    if failed:
+        typer.echo(failed, err=True)
+        sys.exit(EXIT_POINTS_FAILED)
 
 
 @app.command()
@@ -536,13 +656,13 @@ def plan(
     if as_json:
         _print_json(payload)
         return
-    out.print(f"plan for {scenario_path}: maximise {payload['objective']}"
+    _print(f"plan for {scenario_path}: maximise {payload['objective']}"
               + (f" subject to {', '.join(payload['constraints'])}" if payload["constraints"] else "")
               + f" ({len(result.candidates)} candidates)")
-    out.print(_table("recommended", [{"key": k, "value": v, "scenario": result.base_settings.get(k)}
+    _print(_table("recommended", [{"key": k, "value": v, "scenario": result.base_settings.get(k)}
                                      for k, v in payload["recommended"].items()], ["key", "value", "scenario"]))
     for line in payload["explanations"]:
-        out.print(f"- {line}")
+        _print(f"- {line}")
 
 
 @app.command()
@@ -555,11 +675,14 @@ def validate(
                                     help="also run N Latin-hypercube samples of every arm's estimated inputs: "
                                          "each figure's p10-p90 band"),
     seed: int = typer.Option(0, "--seed", help="the samples' seed"),
+    force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print the record as JSON only"),
 ):
     """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
     from sim.explore.validate import load_cases, validate_cases, write_record
 
+    if output is not None:
+        claim_folder(output, force, "--output")
     cases = load_cases(case or None)
     record = validate_cases(cases, workers=workers, uncertainty=uncertainty, seed=seed)
     if output is not None:
@@ -583,7 +706,7 @@ def validate(
                       f"{_fmt(r['band_p10'])}-{_fmt(r['band_p90'])}" + ("" if r["in_band"] else " (misses)"),
                       "out of domain": len(r["out_of_domain"]) or None})
     t = record["totals"]
-    out.print(_table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['prediction_rows_within']}"
+    _print(_table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['prediction_rows_within']}"
                      f" of {t['prediction_rows_judged']} prediction figures within tolerance", shown,
                      ["case", "role", "figure", "predicted", "measured", "error", "ok",
                       *(["p10-p90"] if uncertainty else []), "out of domain"]))
@@ -593,16 +716,18 @@ def validate(
 def report(
     results: Path = typer.Argument(..., metavar="RESULTS", help="a run (-o of run) or sweep results folder"),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write"),
+    force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """One self-contained HTML report (plotly, works offline) of a run or sweep results folder."""
     from sim.explore.report import write_report
 
+    claim_file(output, force, "--output")
     written = write_report(results, output)
     if as_json:
         _print_json(written)
         return
-    out.print(f"{written['output']}: {written['figures']} figures, {written['traces']} traces")
+    _print(f"{written['output']}: {written['title']}: {written['figures']} figures, {written['traces']} traces")
 
 
 def main() -> None:

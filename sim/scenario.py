@@ -294,7 +294,7 @@ def load_scenario(path: str | Path, data: dict | None = None) -> Scenario:
     safe_path(where, "path", where)
     file = Path(path)
     if not is_file(file):
-        raise InputError(where, "path", where, "no such file")
+        raise InputError(where, "path", where, "is a folder, not a scenario file" if file.is_dir() else "no such file")
     base = file.resolve().parent
     scenario: Scenario = validate(where, Scenario, read_toml(file, where) if data is None else data)
     hw_path = resolve_hardware(scenario.hardware, base, where)

@@ -49,7 +49,8 @@ def read_bytes(path: Path, where: str) -> bytes:
     except FileNotFoundError:
         raise InputError(where, "path", str(path), "no such file") from None
     except (OSError, ValueError) as exc:
-        raise InputError(where, "path", str(path), f"unreadable: {type(exc).__name__}") from None
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise InputError(where, "path", str(path), f"cannot read: {why}") from None
 
 
 def parse_toml(raw: bytes, where: str) -> dict:

@@ -320,3 +320,15 @@ def test_key_counts_match_a_bincount_of_the_keys():
     counts = np.zeros(36, np.int64)
     key_counts(experts, 9, counts)
     assert counts.tolist() == expected.tolist()
+
+
+def test_more_slots_than_a_pool_has_experts_behave_as_an_unbounded_cache():
+    from sim.trace.generate import generate_trace
+
+    trace = generate_trace("mixtral-8x7b", 16, 16, 0, 1)  # 8 experts per layer, 32 layers
+    geometry = Geometry.of(trace, None, "t")
+    # known answer: a cache that never evicts misses each distinct (layer, expert) once, its first use
+    distinct = sum(len(np.unique(trace.experts[:, layer])) for layer in range(trace.header.n_layers))
+    for policy in ("lru", "lfu", "opt"):
+        huge = replay(trace, geometry, policy, "layer", np.full(32, 999_999_999_999), "evict").summary()
+        assert huge["misses"] == distinct and huge["evictions"] == 0, policy

@@ -19,6 +19,7 @@ from sim.errors import InputError
 from sim.scenario import ReplayFlags, load_scenario
 from sim.trace.format import Trace, TraceHeader, write_trace
 from tests.test_gguf_reader import expert_tensors, moe_kv, write_gguf
+from sim.units import MIB
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "replay-qwen3.8-lru.toml"
@@ -124,7 +125,7 @@ def test_lru_replay_hits_equal_an_ordered_dict_lru(tiny, scope, pool_of_layer, c
     pools = max(pool_of_layer) + 1
     assert s["cache_slots"] == capacity * pools
     slot_bytes = {"layer": sum(sizes), "class": sizes[0] + sizes[2], "global": max(sizes)}[scope]
-    assert s["cache_mib"] == capacity * slot_bytes / 2**20
+    assert s["cache_mib"] == capacity * slot_bytes / MIB
 
 
 def test_the_cache_is_kept_from_one_request_to_the_next(tiny):

@@ -21,6 +21,7 @@ from sim.calibrate import cudaenv, fileformat, fit  # noqa: E402
 from sim.calibrate.kernel import MEMORIES, Backend, Variant, random_plan, reference_apply, self_test  # noqa: E402
 from sim.calibrate.replay import Placement, gather_launches, replay  # noqa: E402
 from sim.errors import InputError  # noqa: E402
+from sim.units import GIB, MIB
 
 try:  # numba-cuda's simulator (expertsim[cuda]), else the one numba 0.68 still ships
     cuda = cudaenv.load()
@@ -114,7 +115,7 @@ def synthetic_samples(rng, params, noise=0.02):
     rows = []
     for path in ("d2d", "h2d", "d2h"):
         for way in fit.WAYS:
-            for size in (1 << 20, 4 << 20, 16 << 20):
+            for size in (MIB, 4 * MIB, 16 * MIB):
                 for n in (1, 4, 16, 64, 256):
                     for launches in ((1, 3) if way == "gather" and n >= 3 else (1,)):
                         t = float(fit.predict_config(params, path, way, n, size, launches))
@@ -330,7 +331,7 @@ def test_replay_of_a_missing_folder_is_one_line_error(tmp_path):
 def test_not_enough_gpu_memory_is_one_line_error(monkeypatch):
     from sim.calibrate import sweep
 
-    monkeypatch.setattr(cudaenv, "free_memory_bytes", lambda: 8.0 * 2**30)
+    monkeypatch.setattr(cudaenv, "free_memory_bytes", lambda: 8.0 * GIB)
     with pytest.raises(InputError, match=r"8.0 GiB free: the sweep needs 18.1 GiB") as err:
         sweep.check_memory(sweep.Layout.for_grid(sweep.Grid()))
     assert "\n" not in str(err.value)
@@ -384,7 +385,7 @@ out = {}
 for mode, desc_in in (("raw", "device"), ("raw", "mapped"), ("pointer", "device"), ("dispatch", "device")):
     b = Backend(dev_words=1 << 22, host_words=1 << 21, launch_mode=mode, desc_in=desc_in)
     out[mode + "/" + desc_in] = self_test(b, np.random.default_rng(7), steps=3, n_desc=64, max_words=1 << 18)
-g = sweep.Grid(sizes_bytes=(1 << 20, 3 << 20), experts=(1, 4, 16), repeats=2, tune=False,
+g = sweep.Grid(sizes_bytes=(MIB, 3 * MIB), experts=(1, 4, 16), repeats=2, tune=False,
                reference_bytes=64 << 20, event_reps=3)
 r = sweep.calibrate(g)
 rec = fileformat.build_record(r, "test", "0")

@@ -231,3 +231,194 @@ def test_ctrl_c_exits_130_with_one_line():
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines() == ["expertsim: interrupted"]
+
+
+# --- strict JSON: what jq, a browser or any strict parser reads ------------------------------------
+
+def _strict_loads(text: str):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture(scope="module")
+def decode_only_trace(tmp_path_factory):
+    """A trace with no prompt: every prefill rate is undefined (NaN inside, null in JSON)."""
+    path = tmp_path_factory.mktemp("strict") / "decode-only.parquet"
+    expertsim("trace", "gen", "--preset", "deepseek-v4-flash-q2-q4", "--prompt-tokens", 0, "--decode-tokens", 16,
+              "-o", path, "--json")
+    return path
+
+
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+@pytest.mark.parametrize("args", [
+    ["demo"],
+    ["cache", "{trace}", "--slots", "300", "--scope", "class"],
+    ["cache", "{trace}", "--mrc"],
+    ["trace", "stats", "{trace}"],
+    ["run", str(SCENARIO_DIR / "ds4-504-per-class.toml"), "-o", "{tmp}/run", "--perfetto", "{tmp}/t.json"],
+    ["run", str(SCENARIO_DIR / "replay-qwen3.8-lru.toml")],
+    ["validate", "--case", "S6", "--workers", "1", "-o", "{tmp}/val"],
+], ids=lambda a: "-".join(a[:2]).replace("/", "_")[:40])
+def test_every_json_output_parses_strictly(args, decode_only_trace, tmp_path):
+    args = [a.format(trace=decode_only_trace, tmp=tmp_path) for a in args]
+    payload = _strict_loads(expertsim(*args, "--json").stdout)
+    assert payload
+    for written in tmp_path.rglob("*.json"):  # the files a command writes are strict JSON too
+        _strict_loads(written.read_text())
+
+
+def test_an_undefined_rate_is_null_not_nan(decode_only_trace):
+    payload = _strict_loads(expertsim("cache", decode_only_trace, "--slots", "300", "--scope", "class",
+                                      "--json").stdout)
+    prefill = [row for row in payload["per_phase"] if row["phase"] == "prefill"]
+    assert prefill[0]["lookups"] == 0 and prefill[0]["hit_rate"] is None
+
+
+# --- outputs are never replaced without --force ---------------------------------------------------
+
+def test_outputs_are_not_overwritten_without_force(tmp_path, small_trace):
+    gen = ["trace", "gen", "--preset", "mixtral-8x7b", "--prompt-tokens", 8, "--decode-tokens", 8, "-o",
+           tmp_path / "t.parquet"]
+    expertsim(*gen)
+    before = (tmp_path / "t.parquet").read_bytes()
+    again = expertsim(*gen, "--seed", 5, check=False)
+    assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
+    assert (tmp_path / "t.parquet").read_bytes() == before
+    assert expertsim(*gen, "--seed", 5, "--force").returncode == 0
+    assert (tmp_path / "t.parquet").read_bytes() != before
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "summary.json").write_text("a user's own file")
+    scenario = SCENARIO_DIR / "ds4-504-per-class.toml"
+    refused = expertsim("run", scenario, "-o", folder, check=False)
+    assert refused.returncode == 2 and "not empty" in refused.stderr
+    assert (folder / "summary.json").read_text() == "a user's own file"
+    (tmp_path / "p.json").write_text("{}")
+    refused = expertsim("run", scenario, "--perfetto", tmp_path / "p.json", check=False)
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    (tmp_path / "r.html").write_text("mine")
+    refused = expertsim("report", folder, "-o", tmp_path / "r.html", check=False)
+    assert refused.returncode == 2 and (tmp_path / "r.html").read_text() == "mine"
+
+
+# --- tables fit the terminal: numbers whole at any width, rows whole when piped --------------------
+
+def _in_a_terminal(columns: int, *args) -> str:
+    """stdout of the command attached to a pseudo-terminal `columns` wide, as a user at a shell sees it."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "dumb"}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", *map(str, args)], stdout=terminal, stderr=subprocess.PIPE,
+                            env=env)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal closed: the command ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    assert proc.wait(timeout=60) == 0
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("columns", [50, 80])
+def test_a_narrow_terminal_never_cuts_a_number(columns):
+    rows = json.loads(expertsim("demo", "--json").stdout)["rows"]
+    shown = _in_a_terminal(columns, "demo")
+    assert "…" not in shown
+    for row in rows:
+        assert f"{row['budget']:,}" in shown and f"{row['decode_hit']:.4f}" in shown
+
+
+def test_a_piped_table_keeps_each_row_on_one_line():
+    rows = json.loads(expertsim("demo", "--json").stdout)["rows"]
+    piped = subprocess.run([sys.executable, "-m", "sim", "demo"], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "40"}).stdout
+    assert "…" not in piped
+    for row in rows:
+        whole = [f"│ {row['cache']} ", f" {row['budget']:,} ", f" {row['prefill']} ", f" {row['decode_hit']:.4f} "]
+        assert any(all(cell in line for cell in whole) for line in piped.splitlines()), row
+
+
+# --- run --set: any scenario setting, spelled as sweep's grid keys --------------------------------
+
+def test_run_set_gives_what_the_edited_file_gives(tmp_path):
+    import tomllib
+
+    import tomli_w
+
+    scenario = SCENARIO_DIR / "ds4-504-per-class.toml"
+    key = "engine.flags.ssd-streaming-cache-experts"
+    via_set = json.loads(expertsim("run", scenario, "--set", f"{key}=4096", "--json").stdout)
+    data = tomllib.loads(scenario.read_text())
+    data["engine"]["flags"]["ssd-streaming-cache-experts"] = "4096"  # ds4 reads its flags as text
+    edited = SCENARIO_DIR / f"_edited-{os.getpid()}.toml"  # beside the original: relative paths resolve alike
+    try:
+        edited.write_text(tomli_w.dumps(data))
+        via_file = json.loads(expertsim("run", edited, "--json").stdout)
+    finally:
+        edited.unlink()
+    assert via_set["provenance"]["settings"] == {key: "4096"}
+    assert via_set["provenance"]["scenario_sha256"] == via_file["provenance"]["scenario_sha256"]
+    for metric in ("decode_tok_s", "cache_slots", "decode_hit_rate", "ttft_s"):
+        assert via_set[metric] == via_file[metric], metric
+    plain = json.loads(expertsim("run", scenario, "--json").stdout)
+    assert plain["cache_slots"] != via_set["cache_slots"]
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ("engine.flags.nope=1", "unknown ds4 flag"),
+    ("engine.flags.ctx=1,2", "one value per key"),
+    ("engine.flags.ctx", "--set"),
+])
+def test_run_set_errors_are_one_line(setting, needle):
+    proc = expertsim("run", SCENARIO_DIR / "ds4-504-per-class.toml", "--set", setting, check=False)
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# --- hardware list|show, model show -------------------------------------------------------------
+
+def test_hardware_list_names_every_profile_of_the_repository():
+    import tomllib
+
+    rows = {r["name"]: r for r in _strict_loads(expertsim("hardware", "list", "--json").stdout)}
+    for path in (SCENARIO_DIR / "hardware").glob("*.toml"):
+        data = tomllib.loads(path.read_text())
+        assert rows[path.stem]["ram_gib"] == data["host"]["ram_gib"]["value"]
+        assert rows[path.stem]["memory"] == data.get("memory", "discrete")
+
+
+def test_hardware_show_gives_each_figure_with_its_unit_and_source():
+    import tomllib
+
+    data = tomllib.loads((SCENARIO_DIR / "hardware" / "rtx-4090.toml").read_text())
+    shown = _strict_loads(expertsim("hardware", "show", "rtx-4090", "--json").stdout)
+    figures = {f["key"]: f for f in shown["figures"]}
+    for key in ("gpu.vram_gib", "pcie.h2d_pinned_gbps", "host.memcpy_gbps"):
+        table, leaf = key.split(".")
+        assert figures[key]["value"] == data[table][leaf]["value"]
+        assert figures[key]["unit"] == data[table][leaf]["unit"] and figures[key]["source"] == data[table][leaf]["source"]
+    proc = expertsim("hardware", "show", "no-such-box", check=False)
+    assert proc.returncode == 2 and "no-such-box" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_model_show_gives_the_size_classes_of_the_mixed_quant_flash():
+    shown = _strict_loads(expertsim("model", "show", "deepseek-v4-flash-q2-q4", "--json").stdout)
+    # ds4-engine.md §2.3: blocks 37-42 Q4_K, the rest IQ2_XXS gate/up + Q2_K down; 256 experts, top-6, 43 layers.
+    # GGML block sizes (Q4_K 144 B per 256 weights; IQ2_XXS 66 B, Q2_K 84 B) over 3 x 4096 x 2048 weights:
+    q4 = 3 * 4096 * 2048 // 256 * 144
+    q2 = 2 * 4096 * 2048 // 256 * 66 + 4096 * 2048 // 256 * 84
+    assert [(c["expert_bytes"], c["layers"], c["blocks"]) for c in shown["size_classes"]] == \
+        [(q2, 37, "0-36"), (q4, 6, "37-42")]
+    assert shown["experts_per_layer"] == 256 and shown["top_k"] == 6
+    assert shown["total_expert_bytes"] == 256 * (37 * q2 + 6 * q4)

@@ -15,6 +15,7 @@ import pytest
 
 from sim.engine.run import run_scenario, write_results
 from sim.scenario import load_scenario
+from sim.units import GIB
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 MEASURED_PER_CLASS_TOK_S = 25.0  # PR #504: "~25 t/s sustained decode"
@@ -187,7 +188,7 @@ def test_cold_start_skips_the_seeding_pass_and_its_time():
     assert spent > 0
     # the seeded run also frees the last seed cache when decode grows the slab: cudaFree of the largest
     # layer's seed count x 6.75 MiB (q2 expert), at the profile's 30 us + 420 us/GiB (rtx-pro-6000-96gb.toml)
-    seed_cache_gib = seeded.steps.loc[seeded.steps["phase"] == "seed", "lookups"].max() * 7_077_888 / 2**30
+    seed_cache_gib = seeded.steps.loc[seeded.steps["phase"] == "seed", "lookups"].max() * 7_077_888 / GIB
     free_s = (30 + 420 * seed_cache_gib) * 1e-6
     assert seeded.summary["ttft_s"] - cold.summary["ttft_s"] == pytest.approx(spent + free_s, rel=1e-6)
     decode_s = [r.timings["end_s"].iloc[-1] - r.timings["prefill_end_s"].iloc[-1] for r in (seeded, cold)]

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 from sim.engine import ds4_plan as dp
 from sim.errors import InputError
 from sim.model import get_preset
+from sim.units import GIB, MIB
 
-MiB, GiB = 2**20, 2**30
+MiB, GiB = MIB, GIB
 Q2_EXPERT_BYTES = 7_077_888  # 6.75 MiB: IQ2_XXS gate/up + Q2_K down (ds4-engine.md §2.3)
 Q4_EXPERT_BYTES = 14_155_776  # 13.5 MiB: Q4_K gate/up/down
 AVAILABLE_503_BYTES = round(81.57 * GiB)  # "available 81.57 GiB" in the #503 log

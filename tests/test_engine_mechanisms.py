@@ -17,9 +17,10 @@ from sim.engine.run import run_scenario
 from sim.scenario import load_scenario
 from tests.conftest import profile_with
 from tests.test_strata_engine import run_file, scenario_file
+from sim.units import GIB, MIB
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-GiB = 2**30
+GiB = GIB
 
 
 def thousandfold(value: float) -> float:
@@ -65,7 +66,7 @@ def test_ds4_ctx_grows_the_kv_cache_and_leaves_less_room_for_experts():
     # every byte more of KV and context buffers is a byte less of expert cache, to within one q4 slot
     before_mib = [r["engine_state"]["vram_before_cache_gib"] * 1024 for r in runs]
     cache_mib = [r["cache_mib"] for r in runs]
-    q4_slot_mib = runs[0]["engine_state"]["class_expert_bytes"][1] / 2**20
+    q4_slot_mib = runs[0]["engine_state"]["class_expert_bytes"][1] / MIB
     assert cache_mib[0] - cache_mib[2] == pytest.approx(before_mib[2] - before_mib[0], abs=q4_slot_mib)
 
 

@@ -24,12 +24,12 @@ from sim.model.presets import get_preset
 from sim.model.quant import QUANT_TYPES
 from sim.scenario import load_scenario
 from sim.trace.generate import generate_trace
+from sim.units import GIB
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 PER_CLASS = SCENARIOS / "glm52-mtp-per-class.toml"
 SLAB = SCENARIOS / "glm52-mtp-slab.toml"
 PORT_ONE_SHOT_TOK_S = 0.33  # neutronstar db823235 commit message: "one-shot regression clean (0.33 t/s ...)"
-GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from sim.errors import InputError
 from sim.model.hardware import HardwareProfile, load_hardware
 from sim.schema import Quantity
-from sim.units import GIB
+from sim.units import GIB, MIB
 
 ROOT = Path(__file__).resolve().parents[1]
 HARDWARE = ROOT / "scenarios" / "hardware"
@@ -118,7 +118,7 @@ def test_unified_memory_copies_inside_the_pool_and_the_gpu_holds_its_share():
 def test_windows_box_is_wddm_and_the_h200_uses_project_measurements():
     assert load_hardware("rtx-5090-48gb-windows").wddm
     h200 = load_hardware("h200")
-    assert h200.vram_bytes == 143_771 * (1 << 20)
+    assert h200.vram_bytes == 143_771 * MIB
     assert h200.pcie.h2d_pinned_gbps.source.startswith("[H]")
     assert h200.ssd.max_request_kib.source.startswith("[H]")
 

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from sim.errors import InputError
 from sim.model import PRESETS, ExpertLayer, ModelLayout, get_preset, preset_names
+from sim.units import GIB, MIB
 
-MiB = 2**20
+MiB = MIB
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 
 
@@ -185,7 +186,7 @@ def test_deepseek_v4_flash_presets_match_ds4():
     # "9472 = 37 x 256, exactly all the q2 experts of the mixed model" (ds4-engine.md §1.12).
     assert classes.layers_per_class[0] * mixed.n_experts == 9472
     # All routed experts: 72.56 / 82.69 / 145.1 GiB (ds4-engine.md §2.3).
-    assert [round(p.total_expert_bytes / 2**30, 2) for p in (q2, mixed, q4)] == [72.56, 82.69, 145.12]
+    assert [round(p.total_expert_bytes / GIB, 2) for p in (q2, mixed, q4)] == [72.56, 82.69, 145.12]
 
 
 def test_deepseek_v4_pro_uses_the_q2_recipe():
@@ -205,7 +206,7 @@ def test_glm_5_2_mtp_layer_is_its_own_class():
     assert classes.layers_per_class.tolist() == [75, 1]
     assert classes.class_of_layer[-1] == 1 and classes.expert_bytes[1] == 3 * 4_128_768  # Q2_K 6144 x 2048
     # "600 experts per token ≈ 5.4 GiB per token" (75 layers x top-8).
-    assert round(glm.n_routed_layers * glm.top_k * glm.layers[0].expert_bytes / 2**30, 1) == 5.4
+    assert round(glm.n_routed_layers * glm.top_k * glm.layers[0].expert_bytes / GIB, 1) == 5.4
 
 
 def test_qwen38_iq3s_blob_sizes_match_strata():
@@ -216,7 +217,7 @@ def test_qwen38_iq3s_blob_sizes_match_strata():
     assert qwen.max_expert_bytes == 2_662_400  # observed max_blob (strata-engine.md §2.2)
     mean_mib = qwen.expert_bytes_per_layer().mean() / MiB
     assert 1.93 <= mean_mib <= 1.96  # sized-slot ratios 1.94 ± 0.01, arena mean 1.952 (§2.2-2.3)
-    assert round(qwen.total_expert_bytes / 2**30, 1) == 46.9  # arena 46.84 GiB for 24,576 experts
+    assert round(qwen.total_expert_bytes / GIB, 1) == 46.9  # arena 46.84 GiB for 24,576 experts
     counts = {}
     for l in qwen.layers:
         counts[l.gate_type] = counts.get(l.gate_type, 0) + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -418,3 +419,22 @@ def test_a_gguf_model_is_read_relative_to_the_scenario(tree):
     shutil.copy(tree / "models" / "tiny.gguf", tree / "models" / "renamed.gguf")
     (tree / "g3.toml").write_text(text.replace("tiny.gguf", "renamed.gguf"))
     assert scenario_hash(load_scenario(tree / "g3.toml")) == scenario_hash(s)
+
+
+@pytest.mark.parametrize("scenario, flags, prompt, refusal", [
+    # ds4_session_sync refuses a prompt of ctx tokens or more (default --ctx 32768, ds4_cli.c)
+    ("ds4-504-per-class.toml", {}, 300_000, "prompt exceeds context (--ctx 32768"),
+    ("ds4-504-per-class.toml", {"ctx": 8192}, 8192, "prompt exceeds context (--ctx 8192"),
+    # Strata refuses a request (prompt + decode) beyond --max-context
+    ("strata-658-own.toml", {"max-context": 16384}, 17_944, "beyond --max-context 16384"),
+])
+def test_a_prompt_longer_than_the_context_is_refused_by_the_engines_rule(scenario, flags, prompt, refusal):
+    path = Path(__file__).resolve().parents[1] / "scenarios" / scenario
+    data = tomllib.loads(path.read_text())
+    data["engine"]["flags"].update(flags)
+    data["workload"]["requests"][-1]["prompt_tokens"] = prompt
+    with pytest.raises(InputError, match=re.escape(refusal)):
+        load_scenario(path, data=data)
+    for request in data["workload"]["requests"]:
+        request["prompt_tokens"] = min(request["prompt_tokens"], 4096)  # well inside: loads
+    assert load_scenario(path, data=data).workload.requests[-1].prompt_tokens == 4096

@@ -17,11 +17,13 @@ import pytest
 
 from sim.engine import strata_plan as sp
 from sim.engine.run import run_scenario
+from sim.errors import InputError
 from sim.engine.strata import PINNED_STAGING_BUFFERS, RUNNING_STATE_BYTES, session_bytes
 from sim.scenario import load_scenario
+from sim.units import GIB, MIB
 
 ROOT = Path(__file__).resolve().parents[1]
-MiB, GiB = 2**20, 2**30
+MiB, GiB = MIB, GIB
 SEEDS = ("strata-658-borrow", "strata-658-own", "strata-658-auto-borrow", "strata-658-auto-own", "conversation-aba")
 
 
@@ -291,3 +293,16 @@ def test_the_auto_cache_calibration_gives_the_logged_slot_count():
     # the record's free VRAM at sizing sits inside the range that gives the seed's 10,222 slots
     assert summary("strata-658-auto-borrow")["cache_slots"] == 10222
     assert state("strata-658-auto-borrow")["vram_free_at_sizing_mib"] == pytest.approx(21504)
+
+
+@pytest.mark.parametrize("name, text, why", [
+    ("STRATA_RESIDENT_HEADROOM_GIB", "lots", "must be a number"),
+    ("STRATA_PREFILL_OWN_AUTO", "yes", "must be an integer"),
+    ("STRATA_STAGER_THREADS", "0", "must be >= 1"),
+    ("STRATA_ARENA_PIN_GIB", "nan", "must be >= 0"),
+])
+def test_a_bad_environment_value_is_refused_when_the_scenario_loads_naming_its_file(tmp_path, name, text, why):
+    path = scenario_file(tmp_path, "bad-env", env={name: text})
+    with pytest.raises(InputError) as info:
+        load_scenario(path)
+    assert str(info.value) == f"{path}: engine.env.{name} = {text}: {why}"

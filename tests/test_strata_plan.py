@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from sim.engine import strata_plan as sp
 from sim.errors import InputError
 from sim.model import get_preset
+from sim.units import GIB, MIB
 
-MiB, GiB = 2**20, 2**30
+MiB, GiB = MIB, GIB
 
 
 def toy_cache(n: int, blob: int = 4 * MiB) -> np.ndarray:

@@ -270,3 +270,115 @@ def test_bench_rows_of_the_one_pass_sweep_on_a_tiny_grid():
     assert rows["sweep_mrc_cache_sizes"]["value"] > 0 and rows["sweep_per_point_cache_sizes"]["value"] > 0
     assert "2 cache sizes" in rows["sweep_mrc_cache_sizes"]["unit"]
     assert all(set(r) == {"name", "value", "unit", "target", "met"} for r in rows.values())
+
+
+# ------------------------------------------------------------------------- damaged, failed, interrupted
+
+FAILING = [f"{CACHE}=2048", "engine.flags.ctx=1000000", "hardware=rtx-pro-6000-96gb,rtx-4060ti-16gb"]
+
+
+def test_a_damaged_point_file_is_skipped_by_name_and_recomputed_on_resume(four, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(four[0], copy)
+    victim = sorted((copy / "points").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # a write cut short by a full disk
+    frame = load_sweep(copy)
+    assert len(frame) == 3 and frame.attrs["damaged"] == [str(victim)]
+    result = run_sweep(expand_grid(PER_CLASS, FOUR), copy, workers=1, resume=True)
+    assert result.computed == [victim.stem] and result.damaged == [str(victim)] and len(result.resumed) == 3
+    repaired = load_sweep(copy)
+    assert repaired.attrs["damaged"] == [] and repaired.drop(columns="wall_s").equals(
+        load_sweep(four[0]).drop(columns="wall_s"))
+
+
+def test_cli_sweep_with_failed_points_exits_1_and_retry_failed_recomputes_only_them(tmp_path):
+    out = tmp_path / "fail"
+    cmd = [sys.executable, "-m", "sim", "sweep", str(SLAB), *(a for g in FAILING for a in ("--grid", g)),
+           "-o", str(out), "--workers", "1"]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 1 and "Traceback" not in first.stderr
+    assert "1 of 2 points failed" in first.stderr and "--resume --retry-failed" in first.stderr
+    resumed = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True)
+    payload = json.loads(resumed.stdout)
+    assert resumed.returncode == 1 and payload["computed"] == 0 and payload["failed"] == 1  # not "failed: 0"
+    retried = subprocess.run([*cmd, "--resume", "--retry-failed", "--json"], capture_output=True, text=True)
+    payload = json.loads(retried.stdout)
+    assert retried.returncode == 1 and payload["computed"] == 1 and payload["resumed"] == 1 and payload["failed"] == 1
+    alone = subprocess.run([*cmd, "--retry-failed"], capture_output=True, text=True)
+    assert alone.returncode == 2 and "--resume" in alone.stderr
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start_long_sweep(out: Path):
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", str(PER_CLASS), "--grid",
+                             f"{CACHE}=1024:9472:64", "-o", str(out), "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((out / "points").glob("*.parquet")) if (out / "points").is_dir() else True:
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before it could be stopped"
+        time.sleep(0.2)
+    workers = _children(proc.pid)
+    assert len([w for w in workers if _alive(w)]) >= 2
+    return proc, workers
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from /proc (Linux)")
+def test_ctrl_c_on_a_sweep_says_what_is_saved_and_stops_its_workers(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "long"
+    proc, workers = _start_long_sweep(out)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    saved = len(list((out / "points").glob("*.parquet")))
+    line = stderr.strip().splitlines()[-1]
+    assert f"{saved} of {(9472 - 1024) // 64 + 1} points are saved in {out}" in line and line.endswith("--resume")
+    time.sleep(2)
+    assert not [w for w in workers if _alive(w)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from /proc (Linux)")
+def test_workers_of_a_killed_sweep_leave_with_it(tmp_path):
+    import time
+
+    proc, workers = _start_long_sweep(tmp_path / "killed")
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)]
+
+
+def test_report_names_and_skips_a_damaged_point_file(four, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(four[0], copy)
+    victim = sorted((copy / "points").glob("*.parquet"))[1]
+    victim.write_bytes(b"PAR1 cut short")
+    proc = subprocess.run([sys.executable, "-m", "sim", "report", str(copy), "-o", str(tmp_path / "r.html"), "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"1 damaged point files skipped: {victim.name}" in json.loads(proc.stdout)["title"]

@@ -139,6 +139,12 @@ def test_validate_partial_cell():
     assert err.where == "x"
 
 
+def test_validate_an_expert_picked_twice_by_one_token():
+    trace = make_trace(missing=())
+    trace.experts[4, 2] = [5, 5]
+    expect_input_error(trace.validate, "experts[row 4, layer 2]", "at most once")
+
+
 def test_validate_id_out_of_range():
     trace = make_trace(missing=())
     trace.experts[3, 0, 1] = 8
@@ -238,7 +244,8 @@ def test_bad_header(tmp_path, raw, words):
     expect_input_error(lambda: read_trace(write_table(tmp_path, table)), *words)
 
 
-@pytest.mark.parametrize("field, value", [("format_version", 99), ("n_layers", 0), ("top_k", "2")])
+@pytest.mark.parametrize("field, value", [("format_version", 99), ("n_layers", 0), ("top_k", "2"),
+                                          ("n_layers", True), ("top_k", 2.0)])
 def test_bad_header_values(tmp_path, field, value):
     trace = make_trace()
     header = json.loads(trace.header.to_json())

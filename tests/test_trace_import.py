@@ -155,7 +155,7 @@ def test_n_experts_and_top_k_given():
 
 def test_model_preset(monkeypatch):
     class Preset:
-        n_experts = 8
+        n_experts, n_routed_layers, layers, top_k = 8, 3, (0, 1, 2), 2  # the fixture's shape
 
     def get_preset(name):
         if name != "toy-moe":
@@ -173,6 +173,12 @@ def test_model_preset(monkeypatch):
     Preset.n_experts = 3  # the fixture uses expert 3
     with pytest.raises(InputError, match=r"vllm_raw_3layer.jsonl:2: experts = \[2, 3\]: .*n_experts=3"):
         import_trace(FIXTURES / "vllm_raw_3layer.jsonl", model="toy-moe")
+
+
+def test_a_trace_of_another_shape_than_its_model_is_refused():
+    # the fixture has 3 layers of top-2 routing; Mixtral 8x7B has 32 layers, OLMoE routes to 8 of 64 experts
+    with pytest.raises(InputError, match="n_layers = 3: model mixtral-8x7b has 32 routed layers"):
+        import_trace(FIXTURES / "vllm_raw_3layer.jsonl", model="mixtral-8x7b")
 
 
 def test_round_trip_and_stable_hash(tmp_path):

@@ -183,6 +183,8 @@ def read_profile(path: str | Path, geometry: Geometry) -> np.ndarray:
         frame = pd.read_csv(where)
     except FileNotFoundError:
         raise InputError(where, "path", where, "no such file") from None
+    except OSError as exc:
+        raise InputError(where, "path", where, f"cannot read: {exc.strerror or exc}") from None
     except (ValueError, csv.Error, UnicodeDecodeError) as exc:
         raise InputError(where, "csv", type(exc).__name__, f"unreadable profile: {exc}") from None
     for column in ("layer", "expert"):
@@ -318,33 +320,38 @@ def replay(trace: Trace, geometry: Geometry, policy: str, scope: str, capacity: 
     capacity = np.asarray(capacity, np.int64)
     if policy != "ds4-slab" and len(capacity) != n_pools:
         raise InputError("cache", "capacity", capacity.tolist(), f"scope {scope} has {n_pools} pools")
+    # Slots beyond the experts a pool can ever hold stay empty, so the kernels get at most that many: the same
+    # hits and misses, and a count typed as 999999999999 does not ask for terabytes of cache arrays.
+    most = geometry.keys_per_pool("global" if policy == "ds4-slab" else scope)
+    usable = np.minimum(capacity, np.resize(most, len(capacity)))
     mode = PREFILL_MODES[prefill_mode]
     counts = np.zeros((geometry.n_layers, 2, 4), np.int64)
     experts, phase = trace.experts, trace.phase
     extra: dict = {}
     if policy == "lru":
-        cache = LRUCache(geometry.n_layers, geometry.n_experts, capacity)
+        cache = LRUCache(geometry.n_layers, geometry.n_experts, usable)
         none = np.empty(0, np.int8)
         kernels.lru_run(experts, phase, np.arange(geometry.n_layers), pool_of_layer, geometry.n_experts, mode,
                         *cache._arrays(), counts, none, none.astype(np.int32), none.astype(np.int64))
     elif policy == "ds4-slab":
         # The slab's capacity is rebuilt per size class: one count per class (or one for all).
         per_class = capacity if len(capacity) == geometry.n_classes else np.repeat(capacity[:1], geometry.n_classes)
-        cache = LRUCache(geometry.n_layers, geometry.n_experts, np.array([per_class.max()]))
+        per_class_usable = np.minimum(per_class, most[0])
+        cache = LRUCache(geometry.n_layers, geometry.n_experts, np.array([per_class_usable.max()]))
         changes = np.zeros(1, np.int64)
-        kernels.slab_replay(experts, phase, geometry.class_of_layer.astype(np.int64), per_class,
+        kernels.slab_replay(experts, phase, geometry.class_of_layer.astype(np.int64), per_class_usable,
                             geometry.n_experts, mode, *cache._arrays(), counts, changes)
         extra["size_changes"] = int(changes[0])
         capacity = per_class
     elif policy == "lfu":
-        kernels.lfu_replay(experts, phase, pool_of_layer, geometry.n_experts, mode, capacity, counts)
+        kernels.lfu_replay(experts, phase, pool_of_layer, geometry.n_experts, mode, usable, counts)
     elif policy == "opt":
         nxt = kernels.next_use(experts, geometry.n_experts)
-        kernels.opt_replay(experts, phase, pool_of_layer, geometry.n_experts, capacity, nxt, True, counts)
+        kernels.opt_replay(experts, phase, pool_of_layer, geometry.n_experts, usable, nxt, True, counts)
     else:
         extra["profile"] = "trace (oracle)" if ranking is None else "file"
         ranking = trace_profile(trace) if ranking is None else ranking
-        kernels.static_replay(experts, phase, static_resident(ranking, geometry, scope, capacity),
+        kernels.static_replay(experts, phase, static_resident(ranking, geometry, scope, usable),
                               geometry.n_experts, counts)
     return ReplayResult(policy, scope, prefill_mode, capacity, geometry, counts, trace.sha256(), extra)
 

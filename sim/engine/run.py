@@ -13,7 +13,6 @@ Results of a run (`expertsim run SCENARIO -o DIR`):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from sim.engine.timeline import Recorder, hit_rate, link_frame, safe_rate
 from sim.engine.workload import workload_routing
 from sim.errors import InputError
 from sim.machine import Machine
+from sim.outputs import dumps
 from sim.units import MIB
 
 
@@ -195,7 +195,7 @@ def write_results(result: RunResult, out_dir: str | Path) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         paths = {"summary": out / "summary.json", "steps": out / "steps.parquet",
                  "copy_plan": out / "copy_plan.parquet", "requests": out / "requests.parquet"}
-        paths["summary"].write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
+        paths["summary"].write_text(dumps(result.summary, indent=2) + "\n")
         result.steps.to_parquet(paths["steps"], index=False)
         result.copies.to_parquet(paths["copy_plan"], index=False)
         result.timings.to_parquet(paths["requests"], index=False)

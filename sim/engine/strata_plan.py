@@ -700,6 +700,24 @@ ENV_NAMES = (
     "STRATA_PREFILL_RING", "STRATA_PREFILL_LEND_PCT", "STRATA_STAGER_THREADS", "STRATA_ARENA_PIN_GIB",
 )
 Env = env_table("StrataEnv", "strata environment variable", ENV_NAMES)
+# How the engine parses each value (strata-engine.md §3): the kind and the least value it accepts. Checked when
+# the scenario loads, so a bad value is named with its file, not found in the middle of a run.
+ENV_VALUES: dict[str, tuple[type, float]] = {
+    "STRATA_PREFILL_OWN_AUTO": (int, 0), "STRATA_RESIDENT_HEADROOM_GIB": (float, 0),
+    "STRATA_PREFILL_RING": (int, 0), "STRATA_PREFILL_LEND_PCT": (int, 0), "STRATA_STAGER_THREADS": (int, 1),
+    "STRATA_ARENA_PIN_GIB": (float, 0),
+}
+
+
+def _check_env_value(where: str, name: str, text: str) -> None:
+    kind, least = ENV_VALUES[name]
+    try:
+        value = kind(text)
+    except ValueError:
+        raise InputError(where, f"engine.env.{name}", text,
+                         "must be an integer" if kind is int else "must be a number") from None
+    if not value >= least:  # also refuses nan
+        raise InputError(where, f"engine.env.{name}", text, f"must be >= {least:g}")
 
 
 def _check_expert_cache(value: object) -> str | int:
@@ -768,6 +786,8 @@ def validate(scenario, where: str) -> None:
     flags, env = engine.flags, engine.env
     build = BUILDS[engine.variant]
     for name in sorted(set(env.model_fields_set)):
+        if written(env, name) is not None:
+            _check_env_value(where, name, written(env, name))
         allowed = ONLY_IN.get(name)
         if allowed is not None and engine.variant not in allowed:
             raise InputError(where, f"engine.env.{name}", written(env, name),

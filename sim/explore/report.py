@@ -30,6 +30,7 @@ import pandas as pd
 
 from sim.engine.timeline import LINK_COLUMNS
 from sim.errors import InputError
+from sim.outputs import dumps
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL
 from sim.units import GIB, MIB
 
@@ -361,7 +362,7 @@ def perfetto_trace(steps: pd.DataFrame, summary: dict, links: pd.DataFrame | Non
 def write_perfetto(steps: pd.DataFrame, summary: dict, path: str | Path, links: pd.DataFrame | None = None) -> int:
     trace = perfetto_trace(steps, summary, links)
     try:
-        Path(path).write_text(json.dumps(trace))
+        Path(path).write_text(dumps(trace))
     except OSError as exc:
         raise InputError(str(path), "perfetto", str(path), f"cannot write: {exc.strerror}") from None
     return sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
@@ -660,7 +661,11 @@ def report_figures(results_dir: str | Path) -> tuple[str, list[tuple[str, object
     from sim.explore.sweep import load_sweep
 
     frame = load_sweep(results)
-    return f"expertsim sweep: {results}", _sweep_figures(results, frame)
+    damaged = frame.attrs.get("damaged", [])
+    # a damaged point file (a write cut short) is left out by name; `sweep --resume` recomputes it
+    skipped = f" ({len(damaged)} damaged point files skipped: {', '.join(Path(p).name for p in damaged)})" \
+        if damaged else ""
+    return f"expertsim sweep: {results}{skipped}", _sweep_figures(results, frame)
 
 
 def build_report(results_dir: str | Path) -> str:
@@ -676,7 +681,7 @@ def write_report(results_dir: str | Path, output: str | Path) -> dict:
         Path(output).write_text(page, encoding="utf-8")
     except OSError as exc:
         raise InputError(str(output), "output", str(output), f"cannot write: {exc.strerror}") from None
-    return {"output": str(output), "results": str(results_dir), "figures": len(figures),
+    return {"output": str(output), "results": str(results_dir), "title": title, "figures": len(figures),
             "traces": sum(len(fig.data) for _, fig in figures), "bytes": len(page.encode())}
 
 

@@ -253,12 +253,46 @@ def _inline(tasks: list[Task]):
         yield task, fn(*args)
 
 
+def _worker_start(parent_pid: int) -> None:
+    """In each local worker: Ctrl-C is the parent's to handle (it says what was saved and stops the workers),
+    and a worker whose parent is gone (killed with SIGKILL, say) leaves instead of running on."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
+    # Hand-written: the kernel's parent-death signal (prctl PR_SET_PDEATHSIG) is Linux-only and psutil is not a
+    # dependency; a changed parent pid is the portable sign that the parent has died.
+    import os
+    import time
+
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+    os._exit(1)
+
+
+def _stop_workers(pool) -> None:
+    """End a pool's workers now (an interrupted sweep): what they are running would be lost anyway."""
+    stop = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if stop is not None:
+        stop()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):  # before 3.14: no public way
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _local(tasks: list[Task], workers: int):
     """Tasks as spawned processes finish them (numba and imports warm once per worker)."""
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
     try:
         futures = {}
         for task in tasks:
@@ -270,6 +304,9 @@ def _local(tasks: list[Task], workers: int):
             except Exception as exc:  # noqa: BLE001 - a worker that died: its points record it
                 result = exc
             yield futures[future], result
+    except BaseException:  # Ctrl-C, or the caller stopped reading
+        _stop_workers(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

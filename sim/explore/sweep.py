@@ -14,8 +14,10 @@ data with its overrides applied, loaded through `load_scenario`'s own checks.
 
 Results folder: manifest.json (base scenario hash, grids) and points/ID.parquet, one row per finished point,
 written atomically (tmp + rename) as soon as the point finishes, so an interrupted sweep loses nothing and
-`resume=True` skips every point already on disk. A point's ID hashes its overrides and the base scenario hash.
-A point that fails records its error (one line) and the sweep goes on.
+`resume=True` skips every point already on disk. A point file that does not read back as one row of its point
+(damaged by a full disk, or by hand) is recomputed on resume, and skipped with its name by `load_sweep`. A point's
+ID hashes its overrides and the base scenario hash. A point that fails records its error (one line) and the sweep
+goes on; `retry_failed=True` with `resume=True` computes the failed points again.
 
 Points are evaluated by the experiment runner (sim/explore/runner.py), which also groups a cache-only LRU's
 slot counts into one miss-ratio curve; column `method` says which path made each row ("mrc" or "run").
@@ -112,18 +114,19 @@ def _range(spec: str, text: str, where: str, key: str) -> list | None:
     return [round(start + i * step, 12) for i in range(count)]
 
 
-def parse_grid(spec: str, data: dict, where: str = "--grid") -> tuple[str, list[str | int], list]:
+def parse_grid(spec: str, data: dict, where: str = "--grid",
+               option: str = "--grid") -> tuple[str, list[str | int], list]:
     """`key=v1,v2` or `key=start:stop:step` -> (key, key parts, values typed for the schema)."""
     key, eq, text = spec.partition("=")
     key = key.strip()
     if not eq or not key:
-        raise InputError(where, "--grid", spec, "write key=v1,v2,... or key=start:stop:step")
+        raise InputError(where, option, spec, "write key=v1,v2,... or key=start:stop:step")
     try:
         parts = split_key(key)
     except ValueError:
-        raise InputError(where, "--grid", spec, "the key must be a dotted path such as engine.flags.prefill-chunk")
+        raise InputError(where, option, spec, "the key must be a dotted path such as engine.flags.prefill-chunk")
     if isinstance(parts[0], int):
-        raise InputError(where, "--grid", spec, "the key must start with a name")
+        raise InputError(where, option, spec, "the key must start with a name")
     as_text = _expects_string(data, parts)
     values = _range(spec, text.strip(), where, key)
     if values is not None:
@@ -142,6 +145,26 @@ def parse_grid(spec: str, data: dict, where: str = "--grid") -> tuple[str, list[
         if not any(type(v) is type(u) and v == u for u in unique):
             unique.append(v)
     return key, parts, unique
+
+
+def parse_settings(scenario_path: str | Path, settings: list[str]) -> tuple[dict, dict]:
+    """`run --set KEY=VALUE ...`: (the scenario's TOML data with each setting applied, the overrides), with the
+    grid's spelling and type rules and one value per key. The data loads through `load_scenario(path, data)`."""
+    from sim.schema import read_toml
+
+    path = str(scenario_path)
+    data = read_toml(Path(path), path)
+    overrides: dict = {}
+    for spec in settings:
+        where = f"{path} --set {spec.partition('=')[0].strip()}"
+        key, parts, values = parse_grid(spec, data, where, option="--set")
+        if len(values) != 1:
+            raise InputError(where, "--set", spec, "one value per key (a list of values is a sweep: --grid)")
+        if key in overrides:
+            raise InputError(where, "--set", key, "given twice")
+        set_key(data, parts, values[0], where, key)
+        overrides[key] = values[0]
+    return data, overrides
 
 
 def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
@@ -210,20 +233,48 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise InputError(str(path.parent), "output", str(path), f"cannot write: {exc.strerror}") from None
 
 
+def read_point(path: Path) -> pd.DataFrame | None:
+    """A point file's one row, or None if the file does not read back as one (truncated, not Parquet, another
+    point's row)."""
+    import pyarrow as pa
+
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    if len(frame) != 1 or "point_id" not in frame or frame["point_id"].iloc[0] != path.stem:
+        return None
+    return frame
+
+
+def read_points(out_dir: str | Path) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The rows on disk by point id, and the names of the point files that are damaged."""
+    rows, damaged = {}, []
+    point_dir = Path(out_dir) / "points"
+    for path in sorted(point_dir.glob("*.parquet")) if point_dir.is_dir() else []:
+        frame = read_point(path)
+        if frame is None:
+            damaged.append(str(path))
+        else:
+            rows[path.stem] = frame
+    return rows, damaged
+
+
 @dataclass
 class SweepResult:
     out_dir: Path
     total: int
     computed: list[str] = field(default_factory=list)  # ids simulated by this call
     resumed: list[str] = field(default_factory=list)  # ids found on disk and skipped
-    failed: list[str] = field(default_factory=list)  # ids whose row has an error (this call's)
+    failed: list[str] = field(default_factory=list)  # ids whose row has an error (this call's and resumed ones)
+    damaged: list[str] = field(default_factory=list)  # point files found damaged, recomputed by this call
 
     def frame(self) -> pd.DataFrame:
         return load_sweep(self.out_dir)
 
 
-def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
-    """Check (or start) the results folder; the ids already finished there."""
+def open_results(out: Path, points: list[Point], resume: bool) -> dict[str, pd.DataFrame]:
+    """Check (or start) the results folder; the rows already finished there, by point id."""
     base_hash, scenario = points[0].base_hash, points[0].scenario_path
     manifest_path = out / "manifest.json"
     point_dir = out / "points"
@@ -237,7 +288,7 @@ def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
             raise InputError(str(out), "manifest.base_scenario_hash", theirs,
                              f"results of another scenario ({manifest.get('scenario')}); {scenario} hashes to "
                              f"{base_hash}: choose another folder")
-        done = {p.stem for p in point_dir.glob("*.parquet")} if point_dir.is_dir() else set()
+        done = {p.stem: None for p in point_dir.glob("*.parquet")} if point_dir.is_dir() else {}
         if done and not resume:
             raise InputError(str(out), "output", str(out),
                              f"holds {len(done)} points of this sweep already: pass --resume to continue it")
@@ -246,7 +297,7 @@ def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise InputError(str(out), "output", str(out), "not empty and not a sweep results folder "
                                                            "(no manifest.json)")
-        done, grids = set(), []
+        done, grids = {}, []
     keys = sorted({k for p in points for k in p.overrides})
     if keys not in grids:
         grids = [*grids, keys]
@@ -256,12 +307,13 @@ def open_results(out: Path, points: list[Point], resume: bool) -> set[str]:
         raise InputError(str(out), "output", str(out), f"cannot create: {exc.strerror}") from None
     manifest = {"schema": SCHEMA, "scenario": scenario, "base_scenario_hash": base_hash, "grids": grids}
     _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
-    return done
+    return read_points(out)[0] if done else {}
 
 
 def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "processes", workers: int | None = None,
               scheduler: str | None = None, resume: bool = False,
-              progress: Callable[[dict, int, int], None] | None = None, mrc: bool = True) -> SweepResult:
+              progress: Callable[[dict, int, int], None] | None = None, mrc: bool = True,
+              retry_failed: bool = False) -> SweepResult:
     """Run the points, writing each one's row to out_dir/points/ID.parquet the moment it finishes.
 
     `progress(row, finished, total)` is called after each point (finished counts resumed points too).
@@ -278,18 +330,26 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
         return result
     if len({p.base_hash for p in points}) != 1:
         raise ValueError("points of one sweep must share a base scenario")
+    if retry_failed and not resume:
+        raise InputError("--retry-failed", "retry_failed", True, "continues a sweep: give --resume too")
     done = open_results(out, points, resume)
     point_dir = out / "points"
+    result.damaged = [str(point_dir / f"{p.point_id}.parquet") for p in points
+                      if (point_dir / f"{p.point_id}.parquet").exists() and p.point_id not in done]
     todo: list[Point] = []
     seen: set[str] = set()
     for p in points:
         if p.point_id in seen:
             continue
         seen.add(p.point_id)
-        if p.point_id in done:
-            result.resumed.append(p.point_id)
-        else:
+        row = done.get(p.point_id)
+        failed = row is not None and not pd.isna(row["error"].iloc[0])
+        if row is None or (failed and retry_failed):
             todo.append(p)
+            continue
+        result.resumed.append(p.point_id)
+        if failed:
+            result.failed.append(p.point_id)
     finished = len(result.resumed)
 
     def record(point: Point, row: dict) -> None:
@@ -309,16 +369,20 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
 
 
 def load_sweep(out_dir: str | Path) -> pd.DataFrame:
-    """All finished points of a results folder, one row each (sorted by point id)."""
+    """All finished points of a results folder, one row each (sorted by point id); damaged point files are left
+    out and named in `frame.attrs["damaged"]`."""
     out = Path(out_dir)
     if not (out / "manifest.json").is_file():
         raise InputError(str(out), "path", str(out), "not a sweep results folder (no manifest.json)")
-    files = sorted((out / "points").glob("*.parquet"))
-    if not files:
-        return pd.DataFrame(columns=["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error",
-                                     "method", "wall_s", "overrides"])
-    frames = [pd.read_parquet(f) for f in files]
-    return pd.concat(frames, ignore_index=True).sort_values("point_id", ignore_index=True)
+    rows, damaged = read_points(out)
+    if not rows:
+        frame = pd.DataFrame(columns=["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error",
+                                      "method", "wall_s", "overrides"])
+    else:
+        frame = pd.concat(rows.values(), ignore_index=True).sort_values("point_id", ignore_index=True)
+    frame.attrs["damaged"] = damaged
+    return frame
 
 
-__all__ = ["SweepResult", "expand_grid", "load_sweep", "open_results", "parse_grid", "run_sweep"]
+__all__ = ["SweepResult", "expand_grid", "load_sweep", "open_results", "parse_grid", "parse_settings", "read_point",
+           "read_points", "run_sweep"]

@@ -27,6 +27,7 @@ from pydantic import Field, field_validator, model_validator
 from sim.engine.records import RECORDS
 from sim.errors import InputError
 from sim.explore.runner import METRICS, make_point, run_points
+from sim.outputs import dumps
 from sim.schema import Strict, read_toml, validate
 
 CASES_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
@@ -297,16 +298,14 @@ def provenance(cases: list[tuple[Path, Case]]) -> dict:
 
 def write_record(record: dict, out_dir: str | Path) -> dict:
     """validation.json (the record) and validation.parquet (one row per measured figure) under out_dir."""
-    import json
-
     import pandas as pd
 
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "validation.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+        (out / "validation.json").write_text(dumps(record, indent=2) + "\n")
         frame = pd.DataFrame(record["rows"])
-        frame["out_of_domain"] = frame["out_of_domain"].map(json.dumps)
+        frame["out_of_domain"] = frame["out_of_domain"].map(dumps)
         frame.to_parquet(out / "validation.parquet", index=False)
     except OSError as exc:
         raise InputError(str(out), "output", str(out), f"cannot write: {exc.strerror}") from None

@@ -350,7 +350,49 @@ def _parse_profile(where: str, raw: bytes) -> HardwareProfile:
     return profile
 
 
+def find_profiles(start: Path) -> list[Path]:
+    """Every profile a bare name can reach from `start` (hardware_search_dirs), first-found wins per name."""
+    found: dict[str, Path] = {}
+    for folder in hardware_search_dirs(start):
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+            found.setdefault(path.stem, path)
+    return list(found.values())
+
+
+def profile_summary(profile: HardwareProfile) -> dict:
+    """One line of `expertsim hardware list`: the figures that decide a cache's size and its refill rate."""
+    fastest = profile.ssd.read_gbps_by_queue_depth[-1]
+    return {"name": profile.name, "os": profile.os, "memory": profile.memory, "gpu": profile.gpu.model,
+            "vram_gib": profile.gpu.vram_gib.value if profile.gpu.vram_gib is not None else None,
+            "ram_gib": profile.host.ram_gib.value, "ssd_gbps": fastest.value,
+            "h2d_pinned_gbps": profile.pcie.h2d_pinned_gbps.value if profile.pcie is not None else None,
+            "calibrated": profile.calibration is not None,
+            "path": display_path(profile.path) if profile.path else None}
+
+
+def profile_figures(profile: HardwareProfile) -> list[dict]:
+    """Every sourced figure of a profile as rows (key, value, unit, source), in the file's order."""
+    rows: list[dict] = []
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict) and {"value", "unit", "source"} <= set(node):
+            rows.append({"key": prefix, "value": node["value"], "unit": node["unit"], "source": node["source"],
+                         "range": node.get("range")})
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(f"{prefix}.{i}", v)
+        elif node is not None:
+            rows.append({"key": prefix, "value": node, "unit": None, "source": None, "range": None})
+
+    walk("", profile.model_dump(exclude_none=True))
+    return rows
+
+
 __all__ = [
-    "Compute", "GIB", "HardwareProfile", "MIB", "Quantity", "is_file", "load_hardware", "load_hardware_file",
+    "Compute", "GIB", "HardwareProfile", "MIB", "Quantity", "find_profiles", "is_file", "load_hardware",
+    "load_hardware_file", "profile_figures", "profile_summary",
     "quantity", "resolve_hardware", "validate",
 ]

@@ -16,6 +16,7 @@ import numpy as np
 
 from sim.errors import InputError
 from sim.model.quant import QUANT_TYPES, quant_type, tensor_bytes
+from sim.units import GIB, MIB
 
 # Trace files store expert ids as uint16 with 0xFFFF meaning "not recorded" (sim/trace/format.py).
 MAX_EXPERTS = 0xFFFF - 1
@@ -105,6 +106,17 @@ class SizeClasses:
     @property
     def n_classes(self) -> int:
         return len(self.keys)
+
+
+def _spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,26 @@ class ModelLayout:
         from sim.model.gguf_reader import read_gguf  # the reader builds layouts, so import it late
 
         return read_gguf(path).layout
+
+    def describe(self) -> dict:
+        """What `expertsim model show` prints: the geometry, and per size class (ds4's per-class caches) the
+        expert bytes, the tensor types and the layers it spans."""
+        classes = self.size_classes()
+        rows = []
+        for c in range(classes.n_classes):
+            members = [layer for layer, k in zip(self.layers, classes.class_of_layer) if k == c]
+            types = sorted({f"{m.gate_type}/{m.up_type}/{m.down_type}" for m in members})
+            rows.append({"class": c, "expert_bytes": int(classes.expert_bytes[c]),
+                         "expert_mib": int(classes.expert_bytes[c]) / MIB, "layers": int(classes.layers_per_class[c]),
+                         "types": ", ".join(types), "blocks": _spans([m.block for m in members]),
+                         "class_bytes": int(classes.expert_bytes[c]) * self.n_experts * int(classes.layers_per_class[c])})
+        return {"name": self.name, "source": self.source, "blocks": self.n_blocks,
+                "routed_layers": self.n_routed_layers, "mtp_layers": self.n_mtp_layers,
+                "dense_blocks": _spans(list(self.dense_blocks)), "experts_per_layer": self.n_experts,
+                "top_k": self.top_k, "shared_experts": self.n_shared_experts, "hidden": self.hidden,
+                "expert_width": self.expert_width, "max_expert_bytes": self.max_expert_bytes,
+                "total_expert_bytes": self.total_expert_bytes, "total_expert_gib": self.total_expert_bytes / GIB,
+                "size_classes": rows}
 
     def to_dict(self) -> dict:
         """JSON-able form for provenance records; derived numbers are included for readers of the record."""

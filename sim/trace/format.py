@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -117,6 +118,11 @@ class Trace:
             r, layer, k = np.argwhere(bad)[0]
             raise InputError(where, f"experts[row {r}, layer {layer}]", int(self.experts[r, layer, k]),
                              f"expert id must be < n_experts={h.n_experts}")
+        cell = _first_repeated_pick(self.experts.reshape(-1, h.top_k), MISSING)
+        if cell >= 0:  # one expert picked twice by one token would count as two lookups, one of them a free hit
+            r, layer = divmod(int(cell), h.n_layers)
+            raise InputError(where, f"experts[row {r}, layer {layer}]", self.experts[r, layer].tolist(),
+                             "a token picks each expert of a layer at most once")
         return self
 
     def sha256(self) -> str:
@@ -166,6 +172,20 @@ def write_trace(trace: Trace, path: str | Path) -> None:
     pq.write_table(table, str(path), compression="zstd")
 
 
+@njit(cache=True)
+def _first_repeated_pick(cells: np.ndarray, missing: np.uint16) -> int:
+    """Index of the first (token, layer) cell naming one expert twice, or -1. A loop in numba: numpy would sort
+    the whole array (0.9 s for a 65K-token, 48-layer trace) to compare neighbours; top-k is small."""
+    for c in range(cells.shape[0]):
+        for i in range(1, cells.shape[1]):
+            if cells[c, i] == missing:
+                continue
+            for j in range(i):
+                if cells[c, i] == cells[c, j]:
+                    return c
+    return -1
+
+
 def _header_from(path: str, meta: dict | None) -> TraceHeader:
     if not meta or METADATA_KEY not in meta:
         raise InputError(path, "schema metadata", "absent", "not an expertsim trace (no expertsim.trace header)")
@@ -179,7 +199,7 @@ def _header_from(path: str, meta: dict | None) -> TraceHeader:
         raise InputError(path, "format_version", header.format_version, f"this expertsim reads {FORMAT_VERSION}")
     for name in ("n_layers", "n_experts", "top_k"):
         value = getattr(header, name)
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(path, name, value, "must be a positive integer")
     return header
 
@@ -215,6 +235,8 @@ def _int_column(path: str, table: pa.Table, name: str, dtype) -> np.ndarray:
 def read_trace(path: str | Path) -> Trace:
     """Read a trace written by `write_trace`; any defect raises InputError naming the file and field."""
     where = str(path)
+    if Path(where).is_dir():  # pyarrow would read a folder as a dataset of its files
+        raise InputError(where, "path", where, "is a folder, not a trace file")
     try:
         table = pq.read_table(where)
     except FileNotFoundError:

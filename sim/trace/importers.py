@@ -79,12 +79,27 @@ def import_trace(path: str | Path, fmt: str = "auto", *, n_experts: int | None =
     ctx = _Ctx(where, fmt, model, n_experts, n_experts_note, top_k, hashlib.sha256(data).hexdigest())
     if fmt == "vllm-jsonl":
         cols, lines = _read_jsonl(where, data, VLLM_FIELDS)
-        return _build_vllm(ctx, cols, lines)
-    if fmt == "jsonl":
-        cols, lines = _read_jsonl(where, data, JSONL_FIELDS)
+        trace = _build_vllm(ctx, cols, lines)
     else:
-        cols, lines = _read_csv(where, data)
-    return _build_generic(ctx, cols, lines)
+        cols, lines = _read_jsonl(where, data, JSONL_FIELDS) if fmt == "jsonl" else _read_csv(where, data)
+        trace = _build_generic(ctx, cols, lines)
+    if model is not None:
+        _check_shape(where, trace, model)
+    return trace
+
+
+def _check_shape(where: str, trace: Trace, model: str) -> None:
+    """A trace said to be of `model` has its layers (routed, or routed + MTP) and its top-k: a trace of another
+    model would be simulated with the wrong expert sizes."""
+    from sim.model.presets import get_preset
+
+    layout = get_preset(model)
+    h = trace.header
+    if h.n_layers not in (layout.n_routed_layers, len(layout.layers)):
+        raise InputError(where, "n_layers", h.n_layers, f"model {model} has {layout.n_routed_layers} routed "
+                                                        f"layers ({len(layout.layers)} with MTP)")
+    if h.top_k != layout.top_k:
+        raise InputError(where, "top_k", h.top_k, f"model {model} routes each token to {layout.top_k} experts")
 
 
 class _Ctx:

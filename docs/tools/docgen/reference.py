@@ -413,7 +413,7 @@ def trace_parquet_schema() -> str:
     from sim.trace import format as fmt
 
     header = fmt.TraceHeader("example", 2, 8, 2, "docs", "")
-    experts = np.zeros((1, 2, 2), np.uint16)
+    experts = np.array([[[0, 1], [2, 3]]], np.uint16)  # one token: experts 0, 1 in layer 0 and 2, 3 in layer 1
     trace = fmt.Trace(header, np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.uint8), experts,
                       np.zeros((1, 2, 2), np.float32))
     with tempfile.TemporaryDirectory() as tmp:

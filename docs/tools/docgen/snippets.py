@@ -96,15 +96,15 @@ def shell_commands(code: str) -> list[str]:
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`expertsim ARGV` in this process: (exit code, stdout, stderr)."""
-    from rich.console import Console
 
     from sim import cli
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    saved_argv, saved_out = sys.argv, cli.out
+    saved_argv, saved_width = sys.argv, cli.PIPED_WIDTH
     sys.argv = ["expertsim", *argv]
-    # the module's console, made deterministic: fixed width, no colour, writing to the captured stdout
-    cli.out = Console(file=stdout, width=CONSOLE_WIDTH, color_system=None, highlight=False, soft_wrap=True)
+    # tables as a page can show them: the captured stdout is not a terminal, so the CLI prints at its piped
+    # width; a page's is narrower (cells fold, numbers stay whole)
+    cli.PIPED_WIDTH = CONSOLE_WIDTH
     code = 0
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -113,7 +113,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        sys.argv, cli.out = saved_argv, saved_out
+        sys.argv, cli.PIPED_WIDTH = saved_argv, saved_width
     return code, stdout.getvalue(), stderr.getvalue()
 
 
