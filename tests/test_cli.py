@@ -230,7 +230,9 @@ def test_ctrl_c_exits_130_with_one_line():
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and stderr.strip().splitlines() == ["expertsim: interrupted"]
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr and lines[-1] == "expertsim: interrupted"
+    assert all(line.startswith("bench [") for line in lines[:-1])  # the progress lines before it
 
 
 # --- strict JSON: what jq, a browser or any strict parser reads ------------------------------------
@@ -422,3 +424,11 @@ def test_model_show_gives_the_size_classes_of_the_mixed_quant_flash():
         [(q2, 37, "0-36"), (q4, 6, "37-42")]
     assert shown["experts_per_layer"] == 256 and shown["top_k"] == 6
     assert shown["total_expert_bytes"] == 256 * (37 * q2 + 6 * q4)
+
+
+def test_bench_quick_shows_progress_and_leaves_the_long_rows_out():
+    proc = expertsim("bench", "--quick", "--tokens", "2000", "--json")
+    names = [row["name"] for row in _strict_loads(proc.stdout)]
+    assert "lru_replay_layer" in names and any(n.startswith("run_") for n in names)
+    assert not any(n.startswith(("sweep_", "routing_256k", "run_strata_256k")) for n in names)
+    assert [line.split(":")[0] for line in proc.stderr.strip().splitlines()] == ["bench [1/2]", "bench [2/2]"]

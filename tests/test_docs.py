@@ -101,3 +101,19 @@ def test_site_builds_with_warnings_as_errors(tmp_path):
     assert "WARNING" not in result.stderr, result.stderr
     assert (tmp_path / "site" / "concepts" / "lending" / "index.html").exists()
     assert not (tmp_path / "site" / "tools").exists()
+
+
+def test_every_page_has_one_h1_its_title(tmp_path):
+    """A hard-wrapped line that starts with "#504" is a heading to Markdown: only the page title may be an h1."""
+    import re
+
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "-q", "-f", str(ROOT / "mkdocs.yml"),
+                             "-d", str(site)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    pages = [p for p in site.rglob("index.html") if p.parent != site / "404"]
+    assert len(pages) > 10
+    extra = {str(p.relative_to(site)): re.findall(r"<h1[^>]*>(.*?)</h1>", p.read_text(), re.S)
+             for p in pages}
+    assert {page: h1s for page, h1s in extra.items() if len(h1s) != 1} == {}

@@ -69,20 +69,29 @@ def test_run_report(run_dir):
     page = build_report(run_dir)
     _assert_offline(page)
     specs = _specs(page)
-    assert len(specs) == 5  # headline table, links table, timeline, hit heatmap, miss-ratio curves
-    assert page.count('class="expertsim-plot"') == 5
+    # headline, cache per size class, notices, links tables; timeline, hit heatmap, miss-ratio curves
+    assert len(specs) == 7
+    assert page.count('class="expertsim-plot"') == 7
     types = [[t["type"] for t in s["data"]] for s in specs]
-    assert types[0] == ["table"] and types[1] == ["table"] and types[3] == ["heatmap"]
-    assert set(types[4]) == {"scatter"}
+    assert types[:4] == [["table"]] * 4 and types[5] == ["heatmap"]
+    assert set(types[6]) == {"scatter"}
     summary = json.loads((run_dir / "summary.json").read_text())
+    headline = dict(zip(*specs[0]["data"][0]["cells"]["values"]))
+    assert headline["decode_tok_s"] == f"{summary['decode_tok_s']:,.1f} tok/s"
+    assert headline["decode_hit_rate"] == f"{100 * summary['decode_hit_rate']:.1f} %"
+    assert headline["cache_mib"].endswith("GiB") and headline["cache_slots"] == f"{summary['cache_slots']:,}"
+    per_class = specs[1]["data"][0]["cells"]["values"]
+    assert per_class[1] == [f"{n:,}" for n in summary["engine_state"]["cache_slots_per_class"]]
+    notices = specs[2]["data"][0]["cells"]["values"][1]
+    assert notices == [*summary["engine_state"]["notices"], *summary["out_of_domain"]]
     busy = {link["link"]: link["busy_s"] for link in summary["links"] if link["busy_s"] > 0}
-    lanes = {t.get("name"): t for t in specs[2]["data"]}
+    lanes = {t.get("name"): t for t in specs[4]["data"]}
     assert set(busy) <= set(lanes) and "lent slots" in lanes and "VRAM" in lanes
     for name, seconds in busy.items():  # the lanes are the booked intervals: per lane they sum to busy_s
         assert sum(_values(lanes[name]["y"])) == pytest.approx(seconds, rel=1e-9)
     # the heatmap's z is hits / lookups of steps.parquet, per layer and step
     steps = pd.read_parquet(run_dir / "steps.parquet")
-    heat = specs[3]["data"][0]
+    heat = specs[5]["data"][0]
     layer = 7
     row = heat["y"].index(layer)
     mine = steps[steps["layer"] == layer]
@@ -194,6 +203,24 @@ def test_sweep_report_lines_and_slider(tmp_path):
     assert list(lines.data[1].y) == [3.0, 4.0]
 
 
+def test_sweep_points_table_is_sorted_sized_to_its_rows_and_has_each_column_once(tmp_path):
+    from sim.explore.report import _sweep_figures
+
+    out = tmp_path / "sweep"
+    (out / "points").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"grids": [[CACHE]]}))
+    frame = pd.DataFrame({CACHE: ["9472", "10240", "2048"], "decode_tok_s": [3.0, 4.0, 1.0],
+                          "decode_hit_rate": [0.9, 0.95, 0.5], "error": pd.array([None, None, "boom"], "string")})
+    table = _sweep_figures(out, frame)[0][1]
+    header = list(table.data[0].header.values)
+    assert len(header) == len(set(header)) and header.count("decode_hit_rate") == 1
+    cells = dict(zip(header, table.data[0].cells.values))
+    assert list(cells[CACHE]) == ["2048", "9472", "10240"]  # by value, not as text
+    assert list(cells["error"]) == ["boom", "", ""] and "<NA>" not in str(table.data[0].cells.values)
+    # plotly draws a 28 px header and 20 px rows (up to 24 px with a wrapped value) under the title margin
+    assert table.layout.height >= table.layout.margin.t + 28 + 24 * len(frame) + table.layout.margin.b
+
+
 def test_bad_folders(tmp_path, run_dir):
     with pytest.raises(InputError, match="neither a run"):
         build_report(tmp_path)
@@ -215,7 +242,7 @@ def test_report_cli(run_dir, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)
-    assert payload["figures"] == 5 and target.is_file() and payload["bytes"] == target.stat().st_size
+    assert payload["figures"] == 7 and target.is_file() and payload["bytes"] == target.stat().st_size
 
 
 # ----------------------------------------------------------------------------------- miss-ratio curves

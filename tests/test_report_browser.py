@@ -204,7 +204,7 @@ def _check_page(driver, results, page):
 
 def test_run_report_in_browser(driver, run_report):
     plots = _check_page(driver, *run_report)
-    assert len(plots) == 5  # headline, links, timeline, hit heatmap, miss-ratio curves
+    assert len(plots) == 7  # headline, cache per class, notices, links, timeline, hit heatmap, miss-ratio curves
 
 
 def test_sweep_report_in_browser(driver, sweep_report):

@@ -382,3 +382,43 @@ def test_report_names_and_skips_a_damaged_point_file(four, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"1 damaged point files skipped: {victim.name}" in json.loads(proc.stdout)["title"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_dask_scheduler_and_workers_elsewhere_run_a_relative_scenario_path(four, tmp_path):
+    """`dask scheduler` + 2 `dask worker` processes started in another folder, as on a cluster: the sweep names
+    its scenario relative to where it runs, and gets the rows the process executor gives."""
+    import time
+
+    pytest.importorskip("distributed")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=elsewhere)
+    processes = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                   "--port", address.rsplit(":", 1)[1], "--dashboard-address", ":0"], **quiet)]
+    time.sleep(3)
+    processes += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                    "--nworkers", "1", "--dashboard-address", ":0"], **quiet) for _ in range(2)]
+    try:
+        relative = PER_CLASS.relative_to(PER_CLASS.parents[1])
+        grids = [a for g in FOUR for a in ("--grid", g)]
+        proc = subprocess.run([sys.executable, "-m", "sim", "sweep", str(relative), *grids, "-o", str(tmp_path / "dask"),
+                               "--executor", "dask", "--scheduler", address, "--json"],
+                              capture_output=True, text=True, cwd=PER_CLASS.parents[1], timeout=300)
+    finally:
+        for p in processes:
+            p.terminate()
+        for p in processes:
+            p.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["failed"] == 0
+    dask_rows = load_sweep(tmp_path / "dask").drop(columns=["wall_s"])
+    assert dask_rows.equals(load_sweep(four[0]).drop(columns=["wall_s"]))

@@ -11,6 +11,7 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -208,7 +209,30 @@ def mrc_sweep_rows(grid: tuple[str, ...] = (MRC_GRID,)) -> list[dict]:
                  f"one-pass; {where})")]
 
 
-def run_bench(decode_tokens: int = 100_000, sweep: bool = True) -> list[dict]:
+def run_bench(decode_tokens: int = 100_000, sweeps: bool = False, quick: bool = False,
+              progress: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    """The benchmark's rows, group by group: the cache core and the seed scenarios always; the long prompts
+    unless `quick` (a 256K-token Strata prompt and its routing take ~10 s); the 1,000-point sweep and the
+    speed-up rows (minutes) only with `sweeps`. `progress(group, number, of)` is called before each group."""
+    groups: list[tuple[str, Callable[[], list[dict]]]] = [
+        ("cache core: trace, LRU replays, miss-ratio curves, libCacheSim", lambda: _core_rows(decode_tokens)),
+        ("seed scenario runs", _scenario_rows)]
+    if not quick:
+        groups.append(("long prompts", long_prompt_rows))
+    if sweeps:
+        groups += [("1,000-point sweep and 1 -> 2 worker speed-up", sweep_rows),
+                   ("one-pass miss-ratio-curve sweep", mrc_sweep_rows)]
+    rows = []
+    for number, (group, make) in enumerate(groups, 1):
+        if progress is not None:
+            progress(group, number, len(groups))
+        rows += make()
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rows.append(_row("peak_rss", round(peak_mib, 1), "MiB"))
+    return rows
+
+
+def _core_rows(decode_tokens: int) -> list[dict]:
     rows = []
     start = time.perf_counter()
     trace = generate_trace(MODEL, PROMPT_TOKENS, decode_tokens, SEED)
@@ -247,11 +271,4 @@ def run_bench(decode_tokens: int = 100_000, sweep: bool = True) -> list[dict]:
                          ">= 5", speedup >= 5))
         same = round(miss_ratio * lookups) == ours["misses"]
         rows.append(_row("libcachesim_same_misses", same, "bool", "True", same))
-    rows += _scenario_rows()
-    rows += long_prompt_rows()
-    if sweep:
-        rows += sweep_rows()
-        rows += mrc_sweep_rows()
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rows.append(_row("peak_rss", round(peak_mib, 1), "MiB"))
     return rows

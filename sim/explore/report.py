@@ -421,8 +421,26 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
     rows = [(k, v) for k, v in summary.items() if not isinstance(v, (dict, list))]
     figures.append(("Headline", go.Figure(go.Table(
         header={"values": ["key", "value"]},
-        cells={"values": [[k for k, _ in rows], [_cell(v) for _, v in rows]], "align": "left"}),
+        cells={"values": [[k for k, _ in rows], [_with_unit(k, v) for k, v in rows]], "align": "left"}),
         layout={"title": "Headline metrics", **_table_size(len(rows))})))
+    state = summary.get("engine_state", {})
+    per_class = state.get("cache_slots_per_class")
+    if per_class:
+        sizes = state.get("class_expert_bytes") or [None] * len(per_class)
+        figures.append(("Cache per size class", go.Figure(go.Table(
+            header={"values": ["size class", "slots", "expert size", "cache"]},
+            cells={"values": [list(range(len(per_class))), [f"{n:,}" for n in per_class],
+                              [_with_unit("x_bytes", b) for b in sizes],
+                              [_with_unit("x_bytes", n * b) if b else "" for n, b in zip(per_class, sizes)]]}),
+            layout={"title": "Expert cache per size class", **_table_size(len(per_class))})))
+    notes = [("engine", n) for n in state.get("notices", [])] + \
+        [("out of domain", n) for n in summary.get("out_of_domain", [])]
+    if notes:  # what the engine decided on its own (a capped cache, say) and figures used beyond their record
+        figures.append(("Notices", go.Figure(go.Table(
+            header={"values": ["from", "notice"]}, columnwidth=[1, 8],
+            cells={"values": [[a for a, _ in notes], [b for _, b in notes]], "align": "left"}),
+            layout={"title": "What the engine reported, and where the model is outside its records",
+                    **_table_size(2 * len(notes))})))
 
     links = summary.get("links", [])
     if links:
@@ -511,10 +529,43 @@ def _table_size(rows: int) -> dict:
     return {"height": 60 + 20 + 28 + 24 * rows, "margin": {"t": 60, "b": 20}}
 
 
+def _with_unit(key: str, value) -> str:
+    """A headline figure as a reader wants it: tok/s, %, GiB or MiB, s, counts with separators."""
+    if value is None or isinstance(value, (bool, str)):
+        return _cell(value)
+    if isinstance(value, float) and np.isnan(value):
+        return "-"
+    if key.endswith("_tok_s"):
+        return f"{value:,.1f} tok/s"
+    if key.endswith("hit_rate") or key == "belady_gap":
+        return f"{100 * value:.1f} %"
+    if key.endswith("_mib"):
+        return f"{value / 1024:,.2f} GiB" if value >= 1024 else f"{value:,.1f} MiB"
+    if key.endswith("_bytes"):
+        return f"{value / GIB:,.2f} GiB" if value >= GIB else f"{value / MIB:,.2f} MiB"
+    if key.endswith("_s"):
+        return f"{value:,.3f} s"
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    return _cell(value)
+
+
 def _cell(value) -> str:
     if isinstance(value, float):
         return "-" if np.isnan(value) else f"{value:.4g}"
-    return "" if value is None else str(value)
+    if value is None or value is pd.NA or value is pd.NaT:  # a point without an error has none, not "<NA>"
+        return ""
+    return str(value)
+
+
+def _sorted_by(frame: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
+    """Rows in grid order: by each dimension in turn, numbers by value (2048 before 10240), text as text."""
+    keys = {d: pd.to_numeric(frame[d], errors="coerce") if _numeric(frame[d]) else frame[d].astype(str)
+            for d in dims}
+    if not keys:
+        return frame
+    return frame.assign(**{f"_sort_{i}": k for i, k in enumerate(keys.values())}) \
+        .sort_values([f"_sort_{i}" for i in range(len(keys))], kind="stable")
 
 
 # --------------------------------------------------------------------------------------- sweep figures
@@ -557,13 +608,14 @@ def _sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object
     ok = frame[frame["error"].isna()] if "error" in frame else frame
     dims = _order(_sweep_dims(results, frame), frame)
     figures: list[tuple[str, object]] = []
-    table_cols = [*dims, *SWEEP_METRICS, "decode_hit_rate", "cache_slots", "error"]
-    table_cols = [c for c in table_cols if c in frame.columns]
+    table_cols = list(dict.fromkeys(c for c in (*dims, *SWEEP_METRICS, "decode_hit_rate", "cache_slots", "error")
+                                    if c in frame.columns))
+    shown = _sorted_by(frame, dims)
     figures.append(("Points", go.Figure(go.Table(
         header={"values": table_cols},
-        cells={"values": [[_cell(v) for v in frame[c].tolist()] for c in table_cols]}),
+        cells={"values": [[_cell(v) for v in shown[c].tolist()] for c in table_cols]}),
         layout={"title": f"Sweep points ({len(frame)}, {len(frame) - len(ok)} failed)",
-                "height": 80 + 24 * min(len(frame), 30)})))
+                **_table_size(len(shown))})))
     if ok.empty or not dims:
         return figures
     numeric = [d for d in dims if _numeric(ok[d])]

@@ -19,6 +19,7 @@ evicts, so the curve's hits at c slots are exactly a replay's. Column `method` s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import time
@@ -364,6 +365,11 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
             runnable.append(p)
     if not runnable:
         return
+    if executor == "dask":
+        # Dask workers may run in another folder (a `dask worker` started elsewhere): each point names its
+        # scenario by absolute path, so its relative references (hardware, model, trace) resolve as they did
+        # here, where the point was already loaded and checked.
+        runnable = [dataclasses.replace(p, scenario_path=str(Path(p.scenario_path).resolve())) for p in runnable]
     tasks = plan_tasks(runnable, mrc)
     workers = workers or min(os.cpu_count() or 1, len(tasks))
     if executor == "inline":
