@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from enum import Enum
 from typing import Optional
 
 import numpy as np
@@ -26,10 +27,13 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines.")
 trace_app = typer.Typer(no_args_is_help=True, help="Routing traces: import, generate, record, measure.")
 app.add_typer(trace_app, name="trace")
-hardware_app = typer.Typer(no_args_is_help=True, help="Hardware profiles: list them, show one's figures and sources.")
+hardware_app = typer.Typer(no_args_is_help=True, help="Hardware profiles: list them, show one's figures and sources, "
+                                                        "copy one with figures changed.")
 app.add_typer(hardware_app, name="hardware")
 model_app = typer.Typer(no_args_is_help=True, help="Model layouts: a preset's or a GGUF file's experts and classes.")
 app.add_typer(model_app, name="model")
+scenario_app = typer.Typer(no_args_is_help=True, help="Scenarios: write a commented starting scenario.")
+app.add_typer(scenario_app, name="scenario")
 
 _NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?")
 PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut, one line per row for grep and awk
@@ -260,6 +264,31 @@ def hardware_show(profile: str = typer.Argument(..., metavar="PROFILE", help="a 
     _print(_table(f"{summary['name']} ({summary['path']})", figures, ["key", "value", "unit", "source", "range"]))
 
 
+@hardware_app.command("init")
+def hardware_init(
+    base: str = typer.Argument(..., metavar="BASE", help="the profile to copy: a name or a .toml path"),
+    output: Path = typer.Option(..., "-o", "--output", help="profile TOML to write (e.g. hardware/NAME.toml: a "
+                                                            "scenario beside hardware/ names it NAME)"),
+    settings: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE",
+                                       help="change one field, e.g. gpu.vram_gib=48 (or vram_gib=48 where one table "
+                                            "has it); its source then says it is your what-if; repeat for more"),
+    name: Optional[str] = typer.Option(None, "--name", help="the copy's name (default: the output file's name)"),
+    force: bool = _force(),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """A copy of a hardware profile with fields changed, its comments kept and its calibration path rebased."""
+    from sim.scaffold import write_hardware
+
+    claim_file(output, force, "--output")
+    written = write_hardware(base, output, settings, name)
+    if as_json:
+        _print_json(written)
+        return
+    rows = [{"key": k, "value": written[k]} for k in ("path", "name", "base", "calibration", "scenario_names_it")]
+    rows[3:3] = [{"key": "--set", "value": f"{k} = {v}"} for k, v in written["changed"].items()]
+    _print(_table(f"hardware profile written: {written['path']}", rows, ["key", "value"]))
+
+
 @model_app.command("show")
 def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model preset name or a .gguf file"),
                as_json: bool = typer.Option(False, "--json", help="print JSON only")):
@@ -273,6 +302,46 @@ def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model p
                   [{"key": k, "value": v} for k, v in described.items() if k not in ("size_classes", "source", "name")],
                   ["key", "value"]))
     _print(_table("size classes (one cache per class in ds4 since PR #504)", described["size_classes"]))
+
+
+@scenario_app.command("init")
+def scenario_init(
+    model: str = typer.Option(..., "--model", help="a model preset or a .gguf file"),
+    hardware: str = typer.Option(..., "--hardware", help="a hardware profile name or a .toml path"),
+    engine: str = typer.Option("auto", "--engine", help="auto | ds4 | strata | replay (auto: the engine that runs "
+                                                        "the model, else a cache-only replay)"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="the engine build (default: its newest for the "
+                                                                  "model)"),
+    # a starting workload, our choice: one chat-sized request, simulated in seconds
+    prompt_tokens: int = typer.Option(2048, "--prompt-tokens", min=1, help="the request's prompt tokens"),
+    decode_tokens: int = typer.Option(256, "--decode-tokens", min=0, help="the request's tokens of answer"),
+    settings: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                       help="set one scenario key, as run --set does (e.g. "
+                                            "engine.flags.ssd-streaming-cache-experts=4096); repeat for more"),
+    output: Path = typer.Option(..., "-o", "--output", help="scenario TOML to write"),
+    force: bool = _force(),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Write a commented starting scenario for a model on a machine: the engine's defaults, each line explained."""
+    from sim.scaffold import write_scenario
+
+    claim_file(output, force, "--output")
+    written = write_scenario(output, model, hardware, prompt_tokens, decode_tokens, engine, variant, settings)
+    if as_json:
+        _print_json(written)
+        return
+    trace = written["trace"]
+    rows = [{"key": "path", "value": written["path"]},
+            {"key": "engine", "value": f"{written['engine']} ({written['engine_choice']})"},
+            *([{"key": "variant", "value": written["variant"]}] if written["variant"] else []),
+            {"key": "model", "value": written["model"]}, {"key": "hardware", "value": written["hardware"]},
+            {"key": "trace", "value": trace.get("path") or f"generator {trace['generator']}, seed {trace['seed']}"},
+            {"key": "workload", "value": f"{prompt_tokens:,} prompt tokens, {decode_tokens:,} tokens of answer"},
+            *({"key": "--set", "value": f"{k} = {v}"} for k, v in written["settings"].items()),
+            {"key": "next", "value": f"expertsim run {written['path']} -o OUT"}]
+    _print(_table(f"scenario written: {written['path']}", rows, ["key", "value"]))
+    if written["warning"]:
+        _print(f"warning: {written['warning']}")
 
 
 # --- cache ----------------------------------------------------------------------------------------
@@ -577,13 +646,14 @@ def sweep(
         TimeRemainingColumn
 
     from sim.explore.runner import METRICS, REPLAY_METRICS
-    from sim.explore.sweep import expand_grid, load_sweep, open_results, read_points, run_sweep
+    from sim.explore.sweep import expand_grid, open_results, read_points, run_sweep
 
     points = expand_grid(scenario_path, grid)
-    if points:
-        open_results(output, points, resume)  # a folder of another sweep fails before the progress bar
+    # a folder of another sweep fails before the progress bar; what is on disk is read once, here
+    opened = open_results(output, points, resume) if points else None
     total = len({p.point_id for p in points})
-    options = dict(executor=executor, workers=workers, scheduler=scheduler, resume=resume, retry_failed=retry_failed)
+    options = dict(executor=executor, workers=workers, scheduler=scheduler, resume=resume, retry_failed=retry_failed,
+                   opened=opened)
     try:
         if as_json:
             result = run_sweep(points, output, **options)
@@ -601,8 +671,7 @@ def sweep(
         typer.echo(f"expertsim: interrupted: {saved} of {total} points are saved in {output}; continue with: "
                    f"{_command_again('--resume')}", err=True)
         sys.exit(EXIT_INTERRUPTED)
-    frame = load_sweep(output)
-    damaged = frame.attrs.get("damaged", [])
+    frame = result.points_frame()
     order = {p.point_id: i for i, p in reversed(list(enumerate(points)))}
     frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
     keys = list(points[0].overrides) if points else []
@@ -629,8 +698,10 @@ def sweep(
     _print(_table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
                      f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
                      shown, [*short.values(), *columns]))
-    for path in result.damaged or damaged:
-        _print(f"damaged point file {path}: {'recomputed' if result.damaged else 'skipped'}")
+    for path in result.damaged:
+        _print(f"damaged point file {path}: recomputed")
+    for path in result.left_damaged:
+        _print(f"damaged point file {path}: skipped (not a point of this grid)")
     if failed:
         typer.echo(failed, err=True)
         sys.exit(EXIT_POINTS_FAILED)
@@ -717,18 +788,30 @@ def validate(
                       *(["p10-p90"] if uncertainty else []), "out of domain"]))
 
 
+class PlotlyJs(str, Enum):
+    """How a report loads plotly.js (sim.explore.report.PLOTLY_JS_MODES): an Enum, which every typer release
+    in our range turns into a choice with its own usage error."""
+
+    inline = "inline"
+    cdn = "cdn"
+
+
 @app.command()
 def report(
     results: Path = typer.Argument(..., metavar="RESULTS", help="a run (-o of run) or sweep results folder"),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write"),
     force: bool = _force(),
+    plotly_js: PlotlyJs = typer.Option(
+        PlotlyJs.inline, "--plotly-js", help="inline: plotly.js in the page (about 4.8 MB, works offline); "
+                                      "cdn: a <script src> to plotly's CDN (small, needs the network)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
-    """One self-contained HTML report (plotly, works offline) of a run or sweep results folder."""
+    """One HTML report (plotly; self-contained and offline unless --plotly-js cdn) of a run or sweep results
+    folder."""
     from sim.explore.report import write_report
 
     claim_file(output, force, "--output")
-    written = write_report(results, output)
+    written = write_report(results, output, plotly_js.value)
     if as_json:
         _print_json(written)
         return

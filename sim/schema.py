@@ -85,7 +85,7 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _unwrap(annotation: Any) -> Any:
+def unwrap(annotation: Any) -> Any:
     """Strip Annotated[...] and Optional[...] down to the one type that matters for walking a loc."""
     while True:
         origin = typing.get_origin(annotation)
@@ -115,7 +115,7 @@ def _walk(root: type[BaseModel], loc: tuple) -> Any:
     """The annotation found at `loc` (a pydantic error location) below `root`, or None."""
     current: Any = root
     for part in loc:
-        current = _unwrap(current)
+        current = unwrap(current)
         if isinstance(current, tuple):  # tagged union: the loc names the tag
             current = next((m for m in current if _tag_of(m) == part), None)
             if current is None:
@@ -133,7 +133,7 @@ def _walk(root: type[BaseModel], loc: tuple) -> Any:
             current = typing.get_args(current)[1]
         else:
             return None
-    return _unwrap(current)
+    return unwrap(current)
 
 
 def _tag_of(model: type[BaseModel]) -> str | None:
@@ -352,3 +352,35 @@ def env_table(name: str, kind: str, names: tuple[str, ...]) -> type[Strict]:
 def written(table: BaseModel, key: str) -> Any:
     """The value of a key as the user wrote it (by its TOML alias)."""
     return table.model_dump(by_alias=True).get(key)
+
+
+def field_comments(model: type) -> dict[str, str]:
+    """The comments the source puts on each field of a pydantic model, by field name: the comment lines right
+    above the field and the comment at the end of its line(s). The one place the schema's prose lives: the
+    schema reference (docs/tools/docgen) and `scenario init`'s comments (sim/scaffold.py) both read it. A
+    model made at run time (create_model: the engines' environment tables) has no source, hence none."""
+    import ast
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    try:
+        source = textwrap.dedent(inspect.getsource(model))
+    except (OSError, TypeError):
+        return {}
+    comments = {token.start[0]: token.string.lstrip("#").strip()
+                for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body[0].body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        above, line = [], node.lineno - 1
+        while line >= 1 and lines[line - 1].strip().startswith("#"):
+            above.insert(0, comments[line])
+            line -= 1
+        trailing = [comments[i] for i in range(node.lineno, node.end_lineno + 1) if i in comments]
+        if above or trailing:
+            found[node.target.id] = " ".join(above + trailing)
+    return found

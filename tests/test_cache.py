@@ -332,3 +332,66 @@ def test_more_slots_than_a_pool_has_experts_behave_as_an_unbounded_cache():
     for policy in ("lru", "lfu", "opt"):
         huge = replay(trace, geometry, policy, "layer", np.full(32, 999_999_999_999), "evict").summary()
         assert huge["misses"] == distinct and huge["evictions"] == 0, policy
+
+
+# --- a prompt reduced to its last accesses (what lets a million-token prompt be bounded in memory) --------
+
+
+def brute_force_last_access_cells(experts):
+    """The (row, layer) cells holding some key's last access, by definition: scan every access in order and
+    remember where each key was seen last."""
+    last = {}
+    for r, row in enumerate(experts):
+        for layer, cell in enumerate(row):
+            for e in cell:
+                if e != MISSING:
+                    last[(layer, int(e))] = (r, layer)
+    keep = np.zeros(experts.shape[:2], bool)
+    for cell in last.values():
+        keep[cell] = True
+    return keep
+
+
+def lru_decode_hits(seq, phases, capacity):
+    cache, hits = OrderedDict(), 0
+    for key, phase in zip(seq, phases):
+        if key in cache:
+            cache.move_to_end(key)
+            hits += phase == 1
+        elif capacity:
+            if len(cache) >= capacity:
+                cache.popitem(last=False)
+            cache[key] = True
+    return hits
+
+
+prompt_then_decode = routing.flatmap(lambda data: st.integers(1, len(data[0])).map(lambda n: (*data, n)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt_then_decode, st.integers(0, 10))
+def test_last_access_rows_keep_what_decode_hits_depend_on(data, capacity):
+    from sim.cache.replay import decode_bound_hits, last_access_rows
+
+    experts, n_experts, prompt_rows = data
+    prompt, decode = experts[:prompt_rows], experts[prompt_rows:]
+    assert (kernels.last_access_cells(prompt, n_experts) == brute_force_last_access_cells(prompt)).all()
+    reduced = last_access_rows(prompt, n_experts)
+    assert len(reduced) <= prompt.shape[1] * n_experts  # at most a row per key, whatever the prompt's length
+
+    def whole(p):
+        rows = np.concatenate([p, decode])
+        phase = np.r_[np.zeros(len(p)), np.ones(len(decode))].astype(np.uint8)
+        return make_trace(rows, phase, n_experts)
+
+    full, short = whole(prompt), whole(reduced)
+
+    def lru_hits(trace):  # an OrderedDict LRU over the accesses in the kernels' order (row, layer, k)
+        cells = trace.experts[:, :, 0] != MISSING
+        phase_of_access = np.repeat(trace.phase, cells.sum(axis=1) * trace.experts.shape[2])
+        return lru_decode_hits(flatten_keys(trace).tolist(), phase_of_access.tolist(), capacity)
+
+    assert lru_hits(full) == lru_hits(short)
+    # and the Belady bound of the decode hits is the same (one pool: the traces have a single size class)
+    bound = [decode_bound_hits(t, Geometry.of(t), np.array([capacity])).sum() for t in (full, short)]
+    assert bound[0] == bound[1]

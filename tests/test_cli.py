@@ -217,6 +217,17 @@ def test_version():
     assert proc.stdout.strip() == f"expertsim {__version__}" and proc.stderr == ""
 
 
+@pytest.mark.parametrize("words, expected", [("expertsim hard", "hardware"), ("expertsim scenario i", "init"),
+                                             ("expertsim report out --plotly", "--plotly-js")])
+def test_shell_completion_completes_commands_and_options(words, expected):
+    # what bash's completion function (expertsim --show-completion) asks the installed script
+    script = Path(sys.executable).with_name("expertsim")
+    env = {**os.environ, "_EXPERTSIM_COMPLETE": "complete_bash", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split()) - 1)}
+    proc = subprocess.run([str(script)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and expected in proc.stdout.split(), (proc.stdout, proc.stderr)
+
+
 def test_ctrl_c_exits_130_with_one_line():
     import signal
     import time
@@ -264,6 +275,13 @@ SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
     ["run", str(SCENARIO_DIR / "ds4-504-per-class.toml"), "-o", "{tmp}/run", "--perfetto", "{tmp}/t.json"],
     ["run", str(SCENARIO_DIR / "replay-qwen3.8-lru.toml")],
     ["validate", "--case", "S6", "--workers", "1", "-o", "{tmp}/val"],
+    ["sweep", str(SCENARIO_DIR / "ds4-504-per-class.toml"), "--grid", "workload.requests.0.decode_tokens=2,4",
+     "--grid", "workload.requests.0.prompt_tokens=600", "--workers", "1", "-o", "{tmp}/sweep"],
+    ["scenario", "init", "--model", "qwen3.8-flash-next-iq3s", "--hardware", "rtx-5090-48gb-windows",
+     "-o", "{tmp}/s.toml"],
+    ["hardware", "init", "rtx-pro-6000-96gb", "--set", "gpu.vram_gib=48", "-o", "{tmp}/hw.toml"],
+    ["hardware", "show", "rtx-4090"],
+    ["model", "show", "deepseek-v4-flash-q2-q4"],
 ], ids=lambda a: "-".join(a[:2]).replace("/", "_")[:40])
 def test_every_json_output_parses_strictly(args, decode_only_trace, tmp_path):
     args = [a.format(trace=decode_only_trace, tmp=tmp_path) for a in args]

@@ -28,6 +28,7 @@ from sim.explore.report import (build_report, hit_rate_curves, load_links, load_
                                 report_figures)
 from sim.scenario import load_scenario
 from sim.trace.format import MISSING, Trace, TraceHeader
+from sim.units import GIB, MIB
 
 PER_CLASS = "scenarios/ds4-504-per-class.toml"
 CACHE = "engine.flags.ssd-streaming-cache-experts"
@@ -51,6 +52,15 @@ def _values(array) -> list:
     return list(array)
 
 
+def _group_values(trace: dict) -> list[float]:
+    """A timeline trace's value per step group: each request's run of points ends with a closing point at its
+    last group's end (then a NaN gap), which is no group of its own."""
+    values = np.asarray(_values(trace["y"]), float)
+    gap = np.isnan(values)
+    closing = np.r_[gap[1:], True]
+    return values[~gap & ~closing].tolist()
+
+
 def _specs(page: str) -> list[dict]:
     blocks = re.findall(r'<script type="application/json" class="expertsim-figure" id="fig-\d+-spec">(.*?)</script>',
                         page, flags=re.S)
@@ -69,12 +79,14 @@ def test_run_report(run_dir):
     page = build_report(run_dir)
     _assert_offline(page)
     specs = _specs(page)
-    # headline, cache per size class, notices, links tables; timeline, hit heatmap, miss-ratio curves
-    assert len(specs) == 7
-    assert page.count('class="expertsim-plot"') == 7
+    # headline, cache per size class, notices, links tables; prefill and decode timelines, hit heatmap, miss-ratio
+    # curves
+    assert len(specs) == 8
+    assert page.count('class="expertsim-plot"') == 8
     types = [[t["type"] for t in s["data"]] for s in specs]
-    assert types[:4] == [["table"]] * 4 and types[5] == ["heatmap"]
-    assert set(types[6]) == {"scatter"}
+    assert types[:4] == [["table"]] * 4 and types[6] == ["heatmap"]
+    assert set(types[4]) == set(types[5]) == set(types[7]) == {"scatter"}
+    assert [s["layout"]["title"]["text"].split(":")[0] for s in specs[4:6]] == ["Prefill timeline", "Decode timeline"]
     summary = json.loads((run_dir / "summary.json").read_text())
     headline = dict(zip(*specs[0]["data"][0]["cells"]["values"]))
     assert headline["decode_tok_s"] == f"{summary['decode_tok_s']:,.1f} tok/s"
@@ -85,13 +97,16 @@ def test_run_report(run_dir):
     notices = specs[2]["data"][0]["cells"]["values"][1]
     assert notices == [*summary["engine_state"]["notices"], *summary["out_of_domain"]]
     busy = {link["link"]: link["busy_s"] for link in summary["links"] if link["busy_s"] > 0}
-    lanes = {t.get("name"): t for t in specs[4]["data"]}
-    assert set(busy) <= set(lanes) and "lent slots" in lanes and "VRAM" in lanes
-    for name, seconds in busy.items():  # the lanes are the booked intervals: per lane they sum to busy_s
-        assert sum(_values(lanes[name]["y"])) == pytest.approx(seconds, rel=1e-9)
+    per_phase = [{t.get("name"): t for t in spec["data"]} for spec in specs[4:6]]
+    lanes = {name for phase in per_phase for name in phase}
+    # ds4 never lends slots: its all-zero lent-slots panel is left out
+    assert set(busy) <= lanes and "lent slots" not in lanes and "VRAM" in lanes
+    for name, seconds in busy.items():  # the lanes are the booked intervals: over both phases they sum to busy_s
+        total_ms = sum(sum(_group_values(phase[name])) for phase in per_phase if name in phase)
+        assert total_ms / 1e3 == pytest.approx(seconds, rel=1e-9)
     # the heatmap's z is hits / lookups of steps.parquet, per layer and step
     steps = pd.read_parquet(run_dir / "steps.parquet")
-    heat = specs[5]["data"][0]
+    heat = specs[6]["data"][0]
     layer = 7
     row = heat["y"].index(layer)
     mine = steps[steps["layer"] == layer]
@@ -167,10 +182,13 @@ def test_sweep_report(tmp_path):
     # decode and prefill tok/s and hit rates vs cache size and reserve (the overall hit rate is a column of
     # cache-only replays only)
     assert [h["data"][0]["colorbar"]["title"]["text"] for h in heatmaps] == [
-        "decode_tok_s", "prefill_tok_s", "decode_hit_rate", "prefill_hit_rate"]
+        "decode (tok/s)", "prefill (tok/s)", "decode hit rate (%)", "prefill hit rate (%)"]
     heat = heatmaps[0]["data"][0]
     assert sorted(heat["x"]) == [4096, 9472] and sorted(heat["y"]) == [8, 12]
     assert all(v is not None and v > 0 for row in heat["z"] for v in row)
+    assert heatmaps[0]["layout"]["xaxis"]["title"]["text"] == "cache (experts)"
+    assert heatmaps[0]["layout"]["yaxis"]["title"]["text"] == "reserve (GiB)"
+    assert '<p class="expertsim-summary">Over 4 successful points (2 cache x 2 reserve): decode_tok_s' in page
 
 
 def test_replay_sweep_report_plots_hit_rates_against_slots(tmp_path):
@@ -179,12 +197,14 @@ def test_replay_sweep_report_plots_hit_rates_against_slots(tmp_path):
     scenario = "scenarios/replay-qwen3.8-lru.toml"  # run from the repo root, like PER_CLASS
     run_sweep(expand_grid(scenario, ["engine.flags.slots=32:128:32"]), tmp_path / "sweep", workers=1)
     specs = _specs(build_report(tmp_path / "sweep"))
-    lines = {s["layout"]["title"]["text"]: s["data"][0] for s in specs if s["data"][0]["type"] == "scatter"}
-    assert sorted(lines) == ["decode_hit_rate vs engine.flags.slots", "hit_rate vs engine.flags.slots",
-                             "prefill_hit_rate vs engine.flags.slots"]
+    lines = {s["layout"]["title"]["text"]: s for s in specs if s["data"][0]["type"] == "scatter"}
+    assert sorted(lines) == ["decode hit rate (%) vs cache (slots)", "hit rate (%) vs cache (slots)",
+                             "prefill hit rate (%) vs cache (slots)"]
     rows = load_sweep(tmp_path / "sweep").sort_values("engine.flags.slots")
-    assert lines["hit_rate vs engine.flags.slots"]["x"] == [32, 64, 96, 128]
-    assert lines["hit_rate vs engine.flags.slots"]["y"] == rows["hit_rate"].tolist()
+    line = lines["hit rate (%) vs cache (slots)"]
+    assert line["data"][0]["x"] == [32, 64, 96, 128] and line["layout"]["xaxis"]["type"] == "category"
+    # a fraction on the data side, drawn in % by the axis' tick format
+    assert line["data"][0]["y"] == rows["hit_rate"].tolist() and line["layout"]["yaxis"]["tickformat"] == ".1%"
 
 
 def test_sweep_report_lines_and_slider(tmp_path):
@@ -215,10 +235,139 @@ def test_sweep_points_table_is_sorted_sized_to_its_rows_and_has_each_column_once
     header = list(table.data[0].header.values)
     assert len(header) == len(set(header)) and header.count("decode_hit_rate") == 1
     cells = dict(zip(header, table.data[0].cells.values))
-    assert list(cells[CACHE]) == ["2048", "9472", "10240"]  # by value, not as text
+    assert list(cells["cache (experts)"]) == ["2048", "9472", "10240"]  # by value, not as text
+    assert list(cells["decode_tok_s"]) == ["1.0 tok/s", "3.0 tok/s", "4.0 tok/s"]
+    assert list(cells["decode_hit_rate"]) == ["50.0 %", "90.0 %", "95.0 %"]
     assert list(cells["error"]) == ["boom", "", ""] and "<NA>" not in str(table.data[0].cells.values)
     # plotly draws a 28 px header and 20 px rows (up to 24 px with a wrapped value) under the title margin
     assert table.layout.height >= table.layout.margin.t + 28 + 24 * len(frame) + table.layout.margin.b
+
+
+def _axis_titles(fig) -> dict[str, str]:
+    """Every x/y axis of a figure's layout -> its title text ("" when it has none)."""
+    layout = fig.to_plotly_json()["layout"]
+    return {k: ((v.get("title") or {}).get("text") or "") for k, v in layout.items()
+            if re.fullmatch(r"[xy]axis\d*", k)}
+
+
+def test_timelines_per_phase_leave_out_all_zero_series_and_panels():
+    """A hand-made steps frame: D2H, file reads and lent slots are zero throughout, so neither their series nor the
+    lent-slots panel is drawn; prefill and decode get a figure each, on their own clock, one legend per panel,
+    and every axis a title with its unit."""
+    from sim.explore.report import _run_figures
+
+    steps = pd.DataFrame({
+        "request": 0, "phase": ["prefill", "prefill", "decode", "decode", "decode"], "step": [0, 1, 0, 1, 2],
+        "layer": 0, "start_s": [0.0, 2.0, 4.0, 4.05, 4.1], "end_s": [2.0, 4.0, 4.05, 4.1, 4.15],
+        "tokens": [512, 512, 1, 1, 1], "lookups": [8, 8, 4, 4, 0], "hits": [2, 4, 3, 4, 0],
+        "h2d_bytes": [4 * MIB, 2 * MIB, MIB, 0, 0], "d2d_bytes": 0, "d2h_bytes": 0, "file_read_bytes": 0,
+        "lent_slots": 0, "vram_used_bytes": 10 * GIB, "ram_used_bytes": [GIB, GIB, 2 * GIB, 2 * GIB, 2 * GIB]})
+    figures = dict(_run_figures({"engine": "hand"}, steps))
+    for phase in ("Prefill", "Decode"):
+        fig = figures[f"{phase} timeline"]
+        panels = [a.text for a in fig.layout.annotations]
+        assert panels == ["link busy per step (apportioned)", "hits / lookups per step", "copied per step",
+                          "memory in use"]  # no lent-slots panel
+        assert {t.name for t in fig.data} == {"step wall", "hit rate", "H2D", "VRAM", "RAM"}  # no D2H, file read
+        titles = _axis_titles(fig)
+        assert len(titles) == 2 * len(panels) and all(re.search(r"\(.+\)$", t) for t in titles.values()), titles
+        assert titles["xaxis"] == f"{phase.lower()} time (s)" and titles["yaxis3"] == "bytes (MiB)"
+        # one legend per panel: a panel's traces name the legend of their own y axis
+        for trace in fig.data:
+            assert trace.legend == ("legend" if trace.yaxis == "y" else f"legend{trace.yaxis[1:]}")
+    decode = figures["Decode timeline"]
+    wall = next(t for t in decode.data if t.name == "step wall")
+    assert list(wall.x) == pytest.approx([0.0, 0.05, 0.1, 0.15])  # the phase's own clock, from 0
+    assert list(wall.y) == pytest.approx([50.0, 50.0, 50.0, 50.0])  # ms
+    rate = next(t for t in decode.data if t.name == "hit rate")
+    assert list(rate.y)[:2] == [0.75, 1.0] and np.isnan(rate.y[2])  # no lookups: a gap, not 0
+
+
+def test_sweep_heatmap_is_categorical_and_labelled(tmp_path):
+    from sim.explore.report import _sweep_figures
+
+    out = tmp_path / "sweep"
+    (out / "points").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"grids": [[CACHE, RESERVE]]}))
+    frame = pd.DataFrame({CACHE: ["2048", "9472", "2048", "9472"], RESERVE: ["8", "8", "12", "12"],
+                          "decode_tok_s": [10.0, 30.0, 12.0, 31.0], "decode_hit_rate": [0.5, 0.9, 0.55, 0.95],
+                          "error": [None] * 4})
+    figures = dict(_sweep_figures(out, frame))
+    for metric, label in (("decode_tok_s", "%{z:,.1f}"), ("decode_hit_rate", "%{z:.1%}")):
+        fig = figures[f"{metric} sweep"]
+        heat = fig.data[0]
+        assert fig.layout.xaxis.type == "category" and fig.layout.yaxis.type == "category"
+        assert fig.layout.xaxis.title.text == "cache (experts)" and fig.layout.yaxis.title.text == "reserve (GiB)"
+        assert list(heat.x) == [2048, 9472] and list(heat.y) == [8, 12]  # in value order, not text order
+        assert heat.texttemplate == label  # every cell shows its value
+    assert figures["decode_tok_s sweep"].data[0].colorbar.title.text == "decode (tok/s)"
+    assert [list(r) for r in figures["decode_tok_s sweep"].data[0].z] == [[10.0, 30.0], [12.0, 31.0]]
+
+
+def test_what_changed_most_known_answer():
+    """By hand: the cache's per-value means are (10 + 12) / 2 = 11 and (30 + 31) / 2 = 30.5 (a 19.5 tok/s range),
+    the reserve's (10 + 30) / 2 = 20 and (12 + 31) / 2 = 21.5 (1.5); the hit rate is the same everywhere. The
+    failed point is left out."""
+    from sim.explore.report import what_changed_most
+
+    frame = pd.DataFrame({CACHE: ["2048", "9472", "2048", "9472", "4096"], RESERVE: ["8", "8", "12", "12", "8"],
+                          "decode_tok_s": [10.0, 30.0, 12.0, 31.0, None], "decode_hit_rate": [0.5] * 4 + [None],
+                          "error": pd.array([None] * 4 + ["boom"], "string")})
+    assert what_changed_most(frame, [CACHE, RESERVE]) == (
+        "Over 4 successful points (2 cache x 2 reserve): decode_tok_s goes from 10.0 tok/s (cache 2048 experts, "
+        "reserve 8 GiB) to 31.0 tok/s (cache 9472 experts, reserve 12 GiB). Cache moves it most, by 19.5 tok/s: "
+        "its mean is 11.0 tok/s at cache 2048 experts and 30.5 tok/s at cache 9472 experts; then reserve by "
+        "1.5 tok/s. decode_hit_rate is 50.0 % at every point.")
+    assert what_changed_most(frame.iloc[4:], [CACHE, RESERVE]) == ""  # no point succeeded
+
+
+def test_plotly_js_cdn_and_inline(run_dir, tmp_path):
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    inline, cdn = build_report(run_dir), build_report(run_dir, plotly_js="cdn")
+    assert len(inline.encode()) > 3_000_000 and len(cdn.encode()) < 200_000
+    bundle = get_plotlyjs()
+    assert bundle[:2000] in inline and bundle[:2000] not in cdn and bundle[-2000:] not in cdn
+    [tag] = re.findall(r"<script[^>]*\bsrc=[^>]*>", cdn)
+    assert f'src="https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"' in tag and "integrity=" in tag
+    assert _specs(cdn) == _specs(inline)  # the same figures either way
+    with pytest.raises(InputError, match="plotly_js"):
+        build_report(run_dir, plotly_js="bundle")
+    target = tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "sim", "report", str(run_dir), "-o", str(target), "--plotly-js",
+                           "cdn", "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["bytes"] == target.stat().st_size < 200_000
+    proc = subprocess.run([sys.executable, "-m", "sim", "report", str(run_dir), "-o", str(target), "--force",
+                           "--plotly-js", "bundle"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Usage:" in proc.stderr and "--plotly-js" in proc.stderr
+    from sim.cli import PlotlyJs
+    from sim.explore.report import PLOTLY_JS_MODES
+
+    assert [m.value for m in PlotlyJs] == list(PLOTLY_JS_MODES)  # the command's choices are the report's modes
+
+
+def test_perfetto_counters_follow_the_steps(run_dir):
+    """The trace's "C" tracks against steps.parquet: at every step's start the VRAM, RAM and lent-slots counters
+    hold what its row records (a counter holds its last sample), the hit-rate counter is its hits / lookups."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    trace = json.loads(json.dumps(perfetto_trace(steps, summary, load_links(run_dir)), allow_nan=False))
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"VRAM in use", "RAM in use", "lent slots", "hit rate"}
+    start_us = steps["start_s"].to_numpy() * 1e6
+    for name, column, key, unit in (("VRAM in use", "vram_used_bytes", "GiB", GIB),
+                                    ("RAM in use", "ram_used_bytes", "GiB", GIB),
+                                    ("lent slots", "lent_slots", "slots", 1)):
+        track = sorted((e["ts"], e["args"][key]) for e in counters if e["name"] == name)
+        ts = np.array([t for t, _ in track])
+        held = np.array([v for _, v in track])[np.searchsorted(ts, start_us, side="right") - 1]
+        assert held == pytest.approx(steps[column].to_numpy() / unit, rel=1e-12)
+    rate = {e["ts"]: e["args"]["%"] for e in counters if e["name"] == "hit rate"}
+    looked = steps[steps["lookups"] > 0]
+    assert len(rate) == len(looked)
+    for start, hits, lookups in zip(looked["start_s"], looked["hits"], looked["lookups"]):
+        assert rate[start * 1e6] == pytest.approx(100 * hits / lookups)
 
 
 def test_bad_folders(tmp_path, run_dir):
@@ -242,7 +391,7 @@ def test_report_cli(run_dir, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)
-    assert payload["figures"] == 7 and target.is_file() and payload["bytes"] == target.stat().st_size
+    assert payload["figures"] == 8 and target.is_file() and payload["bytes"] == target.stat().st_size
 
 
 # ----------------------------------------------------------------------------------- miss-ratio curves

@@ -171,6 +171,22 @@ PLOTS_JS = """return Array.from(document.querySelectorAll('div.expertsim-plot'))
 });"""
 
 
+# Every x/y axis plotly drew (gd._fullLayout: the axes the figure's traces use) and every one the figure's own
+# layout names (gd.layout), each with its title text; and a table's rows as data and as drawn cells.
+AXES_JS = """return Array.from(document.querySelectorAll('div.expertsim-plot')).map(function (gd) {
+  var axis = /^[xy]axis[0-9]*$/, title = function (a) { return (a && a.title && a.title.text) || ''; };
+  var table = gd.data[0].type === 'table' ? gd.data[0] : null;
+  return {id: gd.id,
+          drawn: Object.keys(gd._fullLayout).filter(function (k) { return axis.test(k); })
+            .map(function (k) { return [k, title(gd._fullLayout[k])]; }),
+          declared: Object.keys(gd.layout).filter(function (k) { return axis.test(k); })
+            .map(function (k) { return [k, title(gd.layout[k])]; }),
+          columns: table ? table.cells.values.length : 0, rows: table ? table.cells.values[0].length : 0,
+          cells: Array.from(gd.querySelectorAll('g.column-cell text.cell-text')).map(function (t) {
+            return t.textContent; })};
+});"""
+
+
 def _check_page(driver, results, page):
     html = page.read_text(encoding="utf-8")
     assert not re.search(r"<script[^>]*\bsrc\s*=", html, flags=re.I)
@@ -199,14 +215,27 @@ def _check_page(driver, results, page):
     pixels = _png_pixels(driver.get_screenshot_as_png())
     colours, counts = np.unique(pixels.reshape(-1, pixels.shape[2]), axis=0, return_counts=True)
     assert len(colours) > 1 and counts.max() < 0.99 * counts.sum()  # not blank: more than one colour, drawn on
-    return plots
+    axes = driver.execute_script(AXES_JS)
+    for figure in axes:  # every axis of every figure has a title (a table has no axes)
+        assert all(text.strip() for _, text in figure["drawn"] + figure["declared"]), figure
+        assert {k for k, _ in figure["declared"]} <= {k for k, _ in figure["drawn"]}, figure
+    return plots, axes
 
 
 def test_run_report_in_browser(driver, run_report):
-    plots = _check_page(driver, *run_report)
-    assert len(plots) == 7  # headline, cache per class, notices, links, timeline, hit heatmap, miss-ratio curves
+    plots, axes = _check_page(driver, *run_report)
+    # headline, cache per class, notices, links, prefill and decode timelines, hit heatmap, miss-ratio curves
+    assert len(plots) == 8
+    assert sum(bool(figure["drawn"]) for figure in axes) == 4  # the four tables have no axes, the rest have
 
 
 def test_sweep_report_in_browser(driver, sweep_report):
-    plots = _check_page(driver, *sweep_report)
+    plots, axes = _check_page(driver, *sweep_report)
     assert len(plots) == 5  # points table; decode and prefill tok/s, decode and prefill hit rate heatmaps (2 x 2 grid)
+    points = axes[0]
+    assert points["rows"] == 4 and points["columns"] > 0  # one row per point of the 2 x 2 grid
+    # drawn: a header and 4 rows per column, and every grid value cell filled
+    assert len(points["cells"]) == points["columns"] * (1 + points["rows"])
+    assert all(cell.strip() for cell in points["cells"][1:1 + points["rows"]]), points["cells"]
+    summary = driver.find_element("css selector", "p.expertsim-summary").text
+    assert summary.startswith("Over 4 successful points (2 expert cache x 2 VRAM reserve): decode_tok_s ")

@@ -84,3 +84,30 @@ def test_processes_and_inline_give_the_same_rows():
     spawned = {p.point_id: row for p, row in run_points(points, executor="processes", workers=2)}
     for pid, row in inline.items():
         assert {k: v for k, v in row.items() if k != "wall_s"} == {k: v for k, v in spawned[pid].items() if k != "wall_s"}
+
+
+class _Workers:
+    """Stands in for a Dask client: `run` answers for each worker what it was told that worker sees."""
+
+    def __init__(self, answers: dict):
+        self.answers = answers
+
+    def run(self, fn, *args):
+        return {address: answer(fn, *args) for address, answer in self.answers.items()}
+
+
+def test_dask_workers_that_cannot_load_the_scenario_or_load_another_are_named_before_any_point_runs():
+    from sim.errors import InputError
+    from sim.explore.runner import _check_workers_load, plan_tasks
+
+    tasks = plan_tasks([_point(SHORT)], mrc=False)
+    here = scenario_hash(load_scenario(BASE, tasks[0].points[0].data))
+    same = lambda fn, *args: fn(*args)  # noqa: E731 - a worker that sees this machine's files
+    _check_workers_load(_Workers({"tcp://a:1": same, "tcp://b:1": same}), tasks)
+    missing = lambda fn, path, data: fn("/nowhere/" + Path(path).name, data)  # noqa: E731 - no shared filesystem
+    with pytest.raises(InputError, match=r"^--scheduler: worker tcp://b:1 = .*ds4-504-per-class.toml: cannot load "
+                                         r"the scenario there \(.*no such file"):
+        _check_workers_load(_Workers({"tcp://a:1": same, "tcp://b:1": missing}), tasks)
+    other = lambda fn, path, data: ("0" * 64, None)  # noqa: E731 - another version of the files
+    with pytest.raises(InputError, match=f"loads another scenario there \\(hash 000000000000, here {here[:12]}\\)"):
+        _check_workers_load(_Workers({"tcp://a:1": other}), tasks)

@@ -8,6 +8,7 @@ Every seed scenario is simulated once per session (cached); the synthetic ones u
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -306,3 +307,16 @@ def test_a_bad_environment_value_is_refused_when_the_scenario_loads_naming_its_f
     with pytest.raises(InputError) as info:
         load_scenario(path)
     assert str(info.value) == f"{path}: engine.env.{name} = {text}: {why}"
+
+
+def test_a_context_whose_kv_does_not_fit_the_card_is_refused_naming_the_flag(tmp_path):
+    # 1,056 B per QSA cell (strata-engine.md: 264 MiB per layer at 262,144): at 2**21 cells that is 2 GiB per
+    # QSA layer, more than the 32 GiB card holds with the weights; a modest context on the same card runs.
+    path = scenario_file(tmp_path, "huge-context", flags={"max-context": 2**21})
+    with pytest.raises(InputError) as info:
+        run_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: engine.flags.max-context = {2**21}: Strata cannot allocate it")
+    need, have = (float(x) for x in re.findall(r"([\d.]+) GiB", message)[:2])
+    assert need > have == pytest.approx(32.0)
+    assert run_file(scenario_file(tmp_path, "modest", flags={"max-context": 2**15}))[0].summary["cache_slots"] > 0

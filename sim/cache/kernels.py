@@ -269,6 +269,27 @@ def key_counts(experts, n_experts, counts):
                     counts[base + e] += 1
 
 
+@njit(cache=True, nogil=True)
+def last_access_cells(experts, n_experts):
+    """bool [rows, layers]: the (row, layer) cells that hold some key's last access in a [rows, layers, k]
+    block (missing cells never). One backward pass with a seen flag per key: memory per cell is one byte,
+    where an int64 key per access and a sort (np.unique) would take ~20 bytes per access."""
+    rows, layers, top_k = experts.shape
+    seen = np.zeros(layers * n_experts, np.bool_)
+    keep = np.zeros((rows, layers), np.bool_)
+    for r in range(rows - 1, -1, -1):
+        for layer in range(layers):
+            if experts[r, layer, 0] == 0xFFFF:
+                continue
+            base = layer * n_experts
+            for j in range(top_k):
+                key = base + experts[r, layer, j]
+                if not seen[key]:
+                    seen[key] = True
+                    keep[r, layer] = True
+    return keep
+
+
 # --- Belady / OPT (MIN with bypass) ----------------------------------------------------------------
 # The bound: on a miss with a full pool, keep whichever of {new key, residents} are used soonest. A max-heap
 # per pool over the residents' next-use times, indexed by key so that a hit can re-key in place.

@@ -425,6 +425,19 @@ def lru_mrc(trace: Trace, geometry: Geometry, scope: str) -> MissRatioCurve:
     return MissRatioCurve(scope, geometry, hist, cold)
 
 
+def last_access_rows(prompt: np.ndarray, n_experts: int) -> np.ndarray:
+    """The prompt reduced to the cells that hold some key's last prompt access: uint16 [rows, layers, k], the
+    rows that hold one, in order, every other cell missing. What follows the prompt sees the same thing from
+    it either way: an LRU the same recency order of the keys at the first decode token and the same set of
+    keys, the Belady bound (decode_bound_hits) the same set of keys touched. It is at most one row per key
+    and it is what lets a prompt of a million tokens be bounded in memory of the keys, not of the tokens."""
+    keep = kernels.last_access_cells(prompt, n_experts)
+    rows = np.flatnonzero(keep.any(axis=1))
+    reduced = prompt[rows]  # fancy indexing: a copy, writable even when prompt is read-only
+    reduced[~keep[rows]] = MISSING
+    return reduced
+
+
 def decode_bound_hits(trace, geometry, capacity: np.ndarray) -> np.ndarray:
     """int64 [class]: the most decode hits any cache of `capacity` slots per class can get on this routing
     (the prompt's rows first, then the decode rows), i.e. the Belady bound of the decode hit rate.

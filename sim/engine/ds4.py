@@ -558,13 +558,15 @@ class Ds4:
         return {"belady_decode_hit_rate": self._belady(request) if self.per_class else None}
 
     def _belady(self, request: int) -> float | None:
-        from sim.cache.replay import decode_bound_hits
+        from sim.cache.replay import decode_bound_hits, last_access_rows
         from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
 
         r = self.routing.requests[request]
         if not len(r.decode):
             return None
-        prompt, decode = r.prompt[:, : self.n_layers], r.decode[:, : self.n_layers]
+        # the prompt's last access of each key: the bound is the same (last_access_rows), its memory per key
+        prompt = last_access_rows(r.prompt[:, : self.n_layers], self.n_experts)
+        decode = r.decode[:, : self.n_layers]
         if self.mtp:  # the draft runs on decode tokens only: its prompt cells are missing
             pad = np.full((len(prompt), len(self.mtp_layers), prompt.shape[2]), MISSING, np.uint16)
             prompt = np.concatenate([prompt, pad], axis=1)

@@ -626,7 +626,8 @@ def validate(scenario, where: str) -> None:
                          f"a reserve >= the GPU's VRAM ({profile.vram_bytes / GIB:g} GiB on {profile.name})")
     ctx = context_tokens(flags)
     for i, request in enumerate(scenario.workload.requests):
-        # ds4_session_sync: "prompt exceeds context" when prompt->len >= ctx_size
+        # ds4_session_sync (ds4.c): "prompt exceeds context" when prompt->len >= ctx_size, one token of
+        # generation room being required (read at giannisanni/neutronstar @db823235, carrying upstream @80ebbc3)
         if request.prompt_tokens >= ctx:
             raise InputError(where, f"workload.requests[{i}].prompt_tokens", request.prompt_tokens,
                              f"ds4 refuses it: prompt exceeds context (--ctx {ctx}; the prompt must be shorter)")

@@ -157,9 +157,9 @@ def routing_table(scenario, routing, request: int):
     of the keys at the first decode token nor the set of keys the prompt touched, which is all an LRU's or the
     Belady bound's decode hits depend on (docs/report.md), and it is most of the bytes: strata-658-borrow's
     17,944-token prompt takes 10 MB whole, 0.13 MB kept."""
-    import numpy as np
     import pyarrow as pa
 
+    from sim.cache.kernels import last_access_cells
     from sim.cache.replay import Geometry
     from sim.engine.workload import runs_mtp
     from sim.trace.format import MISSING
@@ -171,14 +171,11 @@ def routing_table(scenario, routing, request: int):
         decode = np.concatenate([decode, r.mtp[: len(decode)]], axis=1)
     geometry = Geometry.of_layout(scenario.layout, decode.shape[1])
     prompt = r.prompt[:, :n_routed]
-    p_token, p_layer = np.nonzero(prompt[:, :, 0] != MISSING)
-    keys = (p_layer[:, None].astype(np.int64) * n_experts + prompt[p_token, p_layer]).reshape(-1)
-    _, last_from_end = np.unique(keys[::-1], return_index=True)
-    keep = np.unique((len(keys) - 1 - last_from_end) // top_k)  # the cells of the last accesses, in order
+    p_token, p_layer = np.nonzero(last_access_cells(prompt, n_experts))  # in order: token, then layer
     d_token, d_layer = np.nonzero(decode[:, :, 0] != MISSING)
-    phase = np.r_[np.full(len(keep), "prefill", object), np.full(len(d_token), "decode", object)]
-    token, layer = np.r_[p_token[keep], d_token], np.r_[p_layer[keep], d_layer]
-    cells = np.concatenate([prompt[p_token[keep], p_layer[keep]], decode[d_token, d_layer]])
+    phase = np.r_[np.full(len(p_token), "prefill", object), np.full(len(d_token), "decode", object)]
+    token, layer = np.r_[p_token, d_token], np.r_[p_layer, d_layer]
+    cells = np.concatenate([prompt[p_token, p_layer], decode[d_token, d_layer]])
     return pa.table({
         "phase": pa.array(phase, pa.string()).dictionary_encode(),
         "token": pa.array(token.astype(np.int32)),

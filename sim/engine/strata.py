@@ -265,6 +265,11 @@ class Strata:
         ranked_blobs = self.pair_blob[self.rank_pairs]
         reserve = flags.vram_reserve_mib * MIB
         free = mem.vram_free()
+        if free < 0:  # the K/V allocation at --max-context fails before any expert slot is sized
+            raise InputError(str(self.scenario.path or "scenario"), "engine.flags.max-context", self.max_context,
+                             f"Strata cannot allocate it: the driver's reservation, weights and buffers and K/V at "
+                             f"this context need {mem.used('vram') / GIB:.2f} GiB of the "
+                             f"{mem.vram_total / GIB:.2f} GiB the GPU has (lower max-context or set kv-resident)")
         self.free_at_sizing = free
         borrow = not flags.no_prefill_borrow and has_profile
         explicit = flags.prefill if isinstance(flags.prefill, int) else None

@@ -816,6 +816,8 @@ def validate(scenario, where: str) -> None:
         raise InputError(where, "engine.flags.vram-reserve-mib", flags.vram_reserve_mib,
                          f"a reserve >= the GPU's VRAM ({profile.vram_bytes // MIB} MiB on {profile.name})")
     for i, request in enumerate(scenario.workload.requests):
+        # "prompt + max_new exceeds max-context" (Qwen35Runtime::generate, Niko1221/Strata indexed copy id
+        # 71027611532: the dense path's check; the MoE server's own check was not in the copies read)
         if request.prompt_tokens + request.decode_tokens > flags.max_context:
             raise InputError(where, f"workload.requests[{i}].prompt_tokens", request.prompt_tokens,
                              f"Strata refuses a request beyond --max-context {flags.max_context}: "

@@ -55,6 +55,15 @@ def _cut(trace: Trace, phase: int, request: int, n: int, where: str, what: str) 
     return rows[:n]
 
 
+def _phase_rows(trace: Trace, phase: int) -> np.ndarray:
+    """The trace's rows of one phase: a view when they are one run of rows (a generated request: prompt, then
+    decode), so that a long prompt's routing is not held twice while it is cut; a copy otherwise."""
+    at = np.flatnonzero(trace.phase == phase)
+    if len(at) and at[-1] - at[0] + 1 == len(at):
+        return trace.experts[at[0]: at[-1] + 1]
+    return trace.experts[at]
+
+
 def runs_mtp(scenario) -> bool:
     """The scenario's engine runs MTP draft steps: --mtp is set (validated per variant by sim.scenario) and
     the model's file holds MTP layers."""
@@ -97,9 +106,11 @@ def routing_key(scenario) -> tuple:
 def _freeze(routing: WorkloadRouting) -> WorkloadRouting:
     """Mark every array read-only. Why the memo is safe: routing is a pure function of `routing_key` (seeded
     generator, or a file whose size and mtime are in the key); the dataclasses are frozen and their tuples
-    immutable; the arrays are fresh copies (boolean-mask cuts, np.ascontiguousarray) owned by this routing
+    immutable; the arrays are fresh copies (boolean-mask cuts, np.ascontiguousarray) or views owned by this routing
     alone, and read-only flags make any in-place write by an engine raise instead of leaking into the next
-    point. Numpy views taken from them (slices, concatenations) are new arrays or read-only views."""
+    point. Numpy views taken from them (slices, concatenations) are new arrays or read-only views. A generated
+    request's prompt and decode rows are views of its own trace's array (`_phase_rows`), which nothing else
+    holds."""
     for request in routing.requests:
         for array in (request.prompt, request.decode, request.mtp):
             if array is not None:
@@ -172,7 +183,7 @@ def _build_routing(scenario) -> WorkloadRouting:
                 draft = stream.experts[stream.phase == PHASE_DECODE][: request.decode_tokens, n_routed - n_mtp:]
                 draft = np.ascontiguousarray(draft)
                 hashes.append(stream.sha256())
-            parts.append(RequestRouting(trace.experts[trace.phase == PHASE_PREFILL],
-                                        trace.experts[trace.phase == PHASE_DECODE][: request.decode_tokens], draft))
+            parts.append(RequestRouting(_phase_rows(trace, PHASE_PREFILL),
+                                        _phase_rows(trace, PHASE_DECODE)[: request.decode_tokens], draft))
             hashes.append(trace.sha256())
     return WorkloadRouting(tuple(parts), hashlib.sha256("".join(hashes).encode()).hexdigest())

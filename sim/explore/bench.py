@@ -126,6 +126,60 @@ def long_prompt_rows() -> list[dict]:
             _row("run_strata_256k_prompt_events", events, "SimPy events")]
 
 
+# Issue 12's memory target: a 1,000,000-token prompt in < 2 GB, the whole `expertsim run` (routing, engine,
+# results) in a process of its own. Its peak is the VmHWM of its own address space, which it writes when it
+# ends: the rusage of a child (ru_maxrss, os.wait4) starts from the parent's peak on Linux (exec records the
+# forked copy's high-water mark), which would report this benchmark's own 2.5 GiB. Both engines' seeds, their
+# context raised to hold the prompt (each engine refuses a prompt beyond it).
+MILLION_PROMPT_TOKENS = 1_000_000
+MILLION_PROMPT_LIMIT_BYTES = 2_000_000_000  # "< 2 GB"
+MILLION_PROMPT_RUNS = (("ds4", "ds4-504-per-class", "engine.flags.ctx"),
+                       ("strata", "strata-658-own", "engine.flags.max-context"))
+# The child: the console script's main() with the peak written on the way out (argv[1]: where to write it).
+_PEAK_CHILD = """import sys
+from pathlib import Path
+peak_file = sys.argv.pop(1)
+sys.argv[0] = "expertsim"
+from sim.cli import main
+try:
+    main()
+finally:
+    status = Path("/proc/self/status").read_text().splitlines()
+    Path(peak_file).write_text(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+"""
+
+
+def million_prompt_rows() -> list[dict]:
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/status").is_file():  # VmHWM is Linux's
+        return []
+    rows = []
+    for engine, name, context_key in MILLION_PROMPT_RUNS:
+        path = Path(__file__).resolve().parents[2] / "scenarios" / f"{name}.toml"
+        if not path.is_file():
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            peak_file = Path(tmp) / "peak_kib"
+            command = [sys.executable, "-c", _PEAK_CHILD, str(peak_file), "run", str(path), "-o",
+                       str(Path(tmp) / "run"), "--json",
+                       "--set", f"workload.requests.0.prompt_tokens={MILLION_PROMPT_TOKENS}",
+                       "--set", f"{context_key}={2 ** 20}"]
+            start = time.perf_counter()
+            child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            seconds = time.perf_counter() - start
+            if child.returncode != 0:
+                last = child.stderr.strip().splitlines()[-1:] or ["no message"]
+                raise RuntimeError(f"bench: expertsim run {path.name} (1M-token prompt) exited {child.returncode}: "
+                                   f"{last[0]}")
+            peak = int(peak_file.read_text()) * 1024  # /proc reports kB (KiB)
+        rows += [_row(f"run_{engine}_1m_prompt_peak_rss", round(peak / 2**20, 1), "MiB (whole expertsim run, VmHWM)",
+                      "< 2 GB", peak < MILLION_PROMPT_LIMIT_BYTES),
+                 _row(f"run_{engine}_1m_prompt", round(seconds, 1), "s wall (routing, engine, results)")]
+    return rows
+
+
 # The sweep benchmark (issue 5: 1,000 points on 2 cores in < 5 min, >= 1.7x from 1 to 2 workers): the seed
 # scenario ds4-504-per-class over 10 cache budgets x 10 VRAM reserves x 10 prefill chunks, each point a full
 # engine run (routing from the per-process memo after a worker's first point).
@@ -212,13 +266,14 @@ def mrc_sweep_rows(grid: tuple[str, ...] = (MRC_GRID,)) -> list[dict]:
 def run_bench(decode_tokens: int = 100_000, sweeps: bool = False, quick: bool = False,
               progress: Callable[[str, int, int], None] | None = None) -> list[dict]:
     """The benchmark's rows, group by group: the cache core and the seed scenarios always; the long prompts
-    unless `quick` (a 256K-token Strata prompt and its routing take ~10 s); the 1,000-point sweep and the
+    unless `quick` (a 256K-token Strata prompt and its routing take ~10 s, a million-token prompt per engine
+    ~70 s); the 1,000-point sweep and the
     speed-up rows (minutes) only with `sweeps`. `progress(group, number, of)` is called before each group."""
     groups: list[tuple[str, Callable[[], list[dict]]]] = [
         ("cache core: trace, LRU replays, miss-ratio curves, libCacheSim", lambda: _core_rows(decode_tokens)),
         ("seed scenario runs", _scenario_rows)]
     if not quick:
-        groups.append(("long prompts", long_prompt_rows))
+        groups += [("long prompts", long_prompt_rows), ("1,000,000-token prompts (memory)", million_prompt_rows)]
     if sweeps:
         groups += [("1,000-point sweep and 1 -> 2 worker speed-up", sweep_rows),
                    ("one-pass miss-ratio-curve sweep", mrc_sweep_rows)]

@@ -4,8 +4,11 @@
     html = build_report("out/sweep")           # a sweep folder: manifest.json + points/
     trace = perfetto_trace(steps, summary)     # Chrome trace-event JSON of a run
 
-The HTML embeds the plotly.js bundle inline (no CDN, no network) and each figure's spec as a JSON
-`<script type="application/json" class="expertsim-figure">` block, drawn by a small inline script.
+The HTML embeds the plotly.js bundle inline (no CDN, no network; `plotly_js="cdn"`: plotly's own <script src> to
+its CDN instead) and each figure's spec as a JSON `<script type="application/json" class="expertsim-figure">`
+block, plotly's default template once for all of them, drawn by a small inline script. A sweep report opens with
+a "what changed most" paragraph (`what_changed_most`). Axes are titled with a short name and unit: grid keys from
+DIMENSION_NAMES, metrics from their suffix (docs/metrics.md).
 
 Link lanes (timeline figure and Perfetto trace) are the machine's busy intervals as its resources logged them
 (links.parquet, sim/machine/). A results folder written before links.parquet existed has only
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import html as html_lib
 import json
+import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +49,58 @@ ROUTING_COLUMNS = ("phase", "token", "layer", "class", "expert_bytes", "experts"
 # its shape and the figure's JSON to a few tens of kB. The Belady bound costs one OPT replay per size: 12.
 LRU_POINTS = 200
 BELADY_POINTS = 12
+# A grid dimension with at most this many values (or any text value) is drawn on a categorical axis: one tick per
+# value, evenly spaced, and in a heatmap one labelled cell each. Longer numeric ranges keep a linear axis.
+CATEGORY_MAX_VALUES = 12
+# Short axis names and units of the grid keys the shipped scenarios sweep (the engines' own flag semantics:
+# ds4 reads its reserve as whole GiB, Strata's --expert-cache is a byte budget of N of its largest experts).
+# Other keys are named by their last dotted part (`_dimension_name`).
+DIMENSION_NAMES = {
+    "engine.flags.ssd-streaming-cache-experts": ("cache", "experts"),
+    "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB": ("reserve", "GiB"),
+    "engine.flags.expert-cache": ("expert cache", "experts"),
+    "engine.flags.vram-reserve-mib": ("VRAM reserve", "MiB"),
+    "engine.flags.slots": ("cache", "slots"),
+    "engine.flags.prefill-chunk": ("prefill chunk", "tokens"),
+}
+PLOTLY_JS_MODES = ("inline", "cdn")  # plotly.js in the page (works offline) or a <script src> to plotly's CDN
+
+
+# --------------------------------------------------------------------------------------------- labels
+
+
+def _dimension_name(key: str) -> tuple[str, str]:
+    """A grid key's short name and unit ("" for none): DIMENSION_NAMES, else its last dotted part."""
+    if key in DIMENSION_NAMES:
+        return DIMENSION_NAMES[key]
+    return key.rsplit(".", 1)[-1], ""
+
+
+def _metric_name(metric: str) -> tuple[str, str]:
+    """A headline metric's short name and unit, from the naming of docs/metrics.md: `*_tok_s` in tok/s,
+    `*hit_rate` a fraction shown in % (`_value_format`)."""
+    if metric.endswith("_tok_s"):
+        return metric[: -len("_tok_s")].replace("_", " "), "tok/s"
+    if metric.endswith("hit_rate"):
+        return metric.replace("_", " "), "%"
+    return metric.replace("_", " "), ""
+
+
+def _titled(name: str, unit: str) -> str:
+    return f"{name} ({unit})" if unit else name
+
+
+def _dimension_title(key: str) -> str:
+    return _titled(*_dimension_name(key))
+
+
+def _metric_title(metric: str) -> str:
+    return _titled(*_metric_name(metric))
+
+
+def _value_format(metric: str) -> str:
+    """The d3 format of a metric's values on axes, cells and hovers: hit rates are fractions drawn as %."""
+    return ".1%" if metric.endswith("hit_rate") else ",.1f"
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -237,7 +294,7 @@ def _mrc_figure(summary: dict, steps: pd.DataFrame, trace, geometry):
 
     points = run_class_points(summary, steps, geometry)
     curves = hit_rate_curves(trace, geometry, dict(zip(points["class"].tolist(), points["slots"].tolist())))
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
                         subplot_titles=("decode hit rate", "decode miss ratio (log)"))
     star = {"mode": "markers", "marker": {"symbol": "star", "size": 14, "line": {"color": "black", "width": 1}}}
     for c, part in curves.groupby("class", sort=True):
@@ -256,9 +313,9 @@ def _mrc_figure(summary: dict, steps: pd.DataFrame, trace, geometry):
                 fig.add_trace(go.Scatter(x=frame["slots"].tolist(), y=[None if pd.isna(v) else float(v) for v in y],
                                          name=f"{label}, {name}", legendgroup=f"class {c}", showlegend=row == 1,
                                          **style), row, 1)
-    fig.update_xaxes(type="log", title_text="cache slots of the class", row=2, col=1)
-    fig.update_xaxes(type="log", row=1, col=1)
-    fig.update_yaxes(type="log", row=2, col=1)
+    fig.update_xaxes(type="log", title_text="cache size (slots of the class, log)", showticklabels=True)
+    fig.update_yaxes(title_text="hit rate (%)", tickformat=".0%", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="miss ratio (fraction, log)", row=2, col=1)
     request = summary.get("measured_request")
     fig.update_layout(title=f"Decode hit rate vs cache size per size class (request {request}: its prompt warms "
                             "the cache, its decode tokens are counted)", height=800)
@@ -302,7 +359,8 @@ def link_busy_per_step(steps: pd.DataFrame, summary: dict) -> dict[str, np.ndarr
 
 
 def perfetto_trace(steps: pd.DataFrame, summary: dict, links: pd.DataFrame | None = None) -> dict:
-    """Chrome trace-event JSON of a run: "X" events in µs; threads: the steps, one per busy link, per-request phases.
+    """Chrome trace-event JSON of a run: "X" events in µs; threads: the steps, one per busy link, per-request phases;
+    "C" counter tracks of VRAM and RAM in use, lent slots and the hit rate per step (`_counter_events`).
 
     With `links` (links.parquet) a link lane holds its busy intervals as booked. Without, its events are laid one
     after another from each step's start (never overlapping), durations as apportioned by `link_busy_per_step`.
@@ -355,8 +413,36 @@ def perfetto_trace(steps: pd.DataFrame, summary: dict, links: pd.DataFrame | Non
                            "dur": float(part["end_s"].max() - part["start_s"].min()) * us,
                            "args": {"steps": int(len(part)), "tokens": int(part["tokens"].sum())
                                     if "tokens" in part else 0}})
+    events += _counter_events(steps)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "metadata": {"scenario": summary.get("scenario"), "simulated_s": summary.get("simulated_s")}}
+
+
+# Counter tracks of the Perfetto trace from the steps frame: (track, steps column, series, divisor to the unit)
+COUNTER_TRACKS = (("VRAM in use", "vram_used_bytes", "GiB", GIB), ("RAM in use", "ram_used_bytes", "GiB", GIB),
+                  ("lent slots", "lent_slots", "slots", 1))
+
+
+def _counter_events(steps: pd.DataFrame) -> list[dict]:
+    """"C" counter events, sampled at each step's start with what its row records: VRAM and RAM in use and
+    lent slots (a sample only where the value changes: a counter holds its value until the next one), and the
+    step's hit rate hits / lookups in % (every step with lookups; a step without, a Strata refill, adds no
+    sample, so the track holds the previous step's rate through it)."""
+    steps = steps.sort_values("start_s", kind="stable")
+    ts = steps["start_s"].to_numpy(float) * 1e6  # µs
+    events = []
+    for track, column, series, unit in COUNTER_TRACKS:
+        if column not in steps:
+            continue
+        values = steps[column].to_numpy()
+        changed = np.r_[True, values[1:] != values[:-1]]
+        events += [{"ph": "C", "name": track, "pid": 1, "ts": float(t), "args": {series: float(v) / unit}}
+                   for t, v in zip(ts[changed], values[changed])]
+    lookups = steps["lookups"].to_numpy(float)
+    rate = 100 * steps["hits"].to_numpy(float) / np.where(lookups > 0, lookups, np.nan)
+    events += [{"ph": "C", "name": "hit rate", "pid": 1, "ts": float(t), "args": {"%": float(r)}}
+               for t, r in zip(ts[lookups > 0], rate[lookups > 0])]
+    return events
 
 
 def write_perfetto(steps: pd.DataFrame, summary: dict, path: str | Path, links: pd.DataFrame | None = None) -> int:
@@ -412,10 +498,105 @@ def _link_busy_per_group(links: pd.DataFrame, groups: pd.DataFrame) -> dict[str,
     return lanes
 
 
+TIMELINE_PANEL_PX = 220  # height of one timeline panel
+TIMELINE_GAP_PX = 95  # between panels: the x tick labels and title of one, the subplot title of the next
+TIMELINE_LEGEND_PX = 230  # right margin, where each panel's legend sits
+STEP_BYTES = (("file_read_bytes", "file read"), ("h2d_bytes", "H2D"), ("d2d_bytes", "D2D"), ("d2h_bytes", "D2H"))
+
+
+def _phase_clock(groups: pd.DataFrame) -> np.ndarray:
+    """Each group's start on its phase's own clock: simulated time from the phase's first step, the time between
+    one request's last step of the phase and the next request's first cut out (other phases ran there: on
+    simulated time a warm-up request's decode and the measured one's would sit 17 s apart at the axis' ends)."""
+    start, end = groups["start_s"].to_numpy(float), groups["end_s"].to_numpy(float)
+    request = groups["request"].to_numpy()
+    new_request = np.r_[False, request[1:] != request[:-1]]
+    cut = np.where(new_request, start - np.r_[start[0], end[:-1]], 0.0)
+    return start - start[0] - np.cumsum(cut)
+
+
+def _step_line(groups: pd.DataFrame, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step function on the phase clock (`_phase_clock`): each group's value from its start to the next
+    group's start, the last group's to its end; a gap (NaN: plotly.js breaks the line there) where the request
+    changes. Returns x (phase clock), y and each point's simulated time, as arrays (plotly writes them as compact
+    typed arrays)."""
+    clock = _phase_clock(groups)
+    start, end = groups["start_s"].to_numpy(float), groups["end_s"].to_numpy(float)
+    values = np.asarray(values, float)
+    last = np.flatnonzero(np.r_[groups["request"].to_numpy()[1:] != groups["request"].to_numpy()[:-1], True])
+    at = np.repeat(last + 1, 2)  # after each request's last group: its end (holding its value), then a gap
+    gap = np.full(len(last), np.nan)
+
+    def closed(points: np.ndarray, closing: np.ndarray) -> np.ndarray:
+        return np.insert(points, at, np.column_stack([closing, gap]).ravel())[:-1]  # no gap after the last
+
+    return (closed(clock, clock[last] + end[last] - start[last]), closed(values, values[last]),
+            closed(start, end[last]))
+
+
+def _timeline(groups: pd.DataFrame, lanes: dict[str, np.ndarray], link_title: str, phase: str, title: str):
+    """One phase's step groups in panels on the phase's clock, each panel with its own legend and axis titles;
+    a series that is zero throughout (a link idle in this phase, lent slots of an engine that never lends) is left
+    out, and so is a panel left without series. Where the request changes a dotted line marks it."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    ms = 1e3  # seconds -> ms
+    lookups = groups["lookups"].to_numpy(float)
+    hit_rate = groups["hits"].to_numpy(float) / np.where(lookups > 0, lookups, np.nan)
+    # (panel title, y axis title, tick format, hover format, series)
+    candidates = [
+        (link_title, "time (ms)", None, ",.2f",
+         [*((name, busy * ms) for name, busy in lanes.items()),
+          ("step wall", (groups["end_s"] - groups["start_s"]).to_numpy(float) * ms)]),
+        ("hits / lookups per step", "hit rate (%)", ".0%", ".1%", [("hit rate", hit_rate)]),
+        ("copied per step", "bytes (MiB)", None, ",.1f",
+         [(name, groups[c].to_numpy(float) / MIB) for c, name in STEP_BYTES if c in groups]),
+        ("cache slots lent to the prompt path", "lent (slots)", None, ",.0f",
+         [("lent slots", groups["lent_slots"].to_numpy(float))] if "lent_slots" in groups else []),
+        ("memory in use", "in use (GiB)", None, ",.2f",
+         [(name, groups[c].to_numpy(float) / GIB) for c, name in (("vram_used_bytes", "VRAM"),
+                                                                  ("ram_used_bytes", "RAM")) if c in groups]),
+    ]
+    panels = [(*head, [(n, v) for n, v in series if np.nansum(np.abs(v)) > 0]) for *head, series in candidates]
+    panels = [p for p in panels if p[-1]]
+    height = len(panels) * (TIMELINE_PANEL_PX + TIMELINE_GAP_PX) + 120
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=TIMELINE_GAP_PX / height,
+                        subplot_titles=[name for name, *_ in panels])
+    for row, (_, y_title, tick_format, hover_format, series) in enumerate(panels, start=1):
+        legend = "legend" if row == 1 else f"legend{row}"
+        for i, (name, values) in enumerate(series):  # colours restart per panel: each has its own legend
+            x, y, simulated = _step_line(groups, values)
+            style = {"line": {"shape": "hv", "color": qualitative.Plotly[i % len(qualitative.Plotly)]},
+                     "hovertemplate": f"{name}: %{{y}}<extra></extra>"}
+            if name == "step wall":  # drawn last and dotted: a link busy all step long lies under it, not over it;
+                # its hover, in the panel's unified hover, also gives the step's simulated time
+                style = {"line": {"shape": "hv", "color": "black", "dash": "dot"}, "customdata": simulated,
+                         "hovertemplate": f"{name}: %{{y}} (simulated time %{{customdata:.4f}} s)<extra></extra>"}
+            fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines", legend=legend, **style), row, 1)
+        fig.update_yaxes(title_text=y_title, tickformat=tick_format, hoverformat=hover_format, row=row, col=1)
+        top = fig.layout[f"yaxis{'' if row == 1 else row}"].domain[1]
+        fig.update_layout({legend: {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top"}})
+    request = groups["request"].to_numpy()
+    changes = np.flatnonzero(np.r_[False, request[1:] != request[:-1]])
+    if len(changes):
+        clock = _phase_clock(groups)
+        for i in np.r_[0, changes]:
+            if i:
+                fig.add_vline(x=float(clock[i]), line={"dash": "dot", "color": "grey", "width": 1}, row="all", col=1)
+            fig.add_annotation(x=float(clock[i]), y=1, xref="x", yref="y domain", text=f"request {request[i]}",
+                               showarrow=False, xanchor="left", yanchor="top", font={"size": 10},
+                               bgcolor="rgba(255,255,255,0.7)")
+    # every panel keeps its own tick labels and axis title: it reads alone, zooming moves them all
+    fig.update_xaxes(showticklabels=True, title_text=f"{phase} time (s)")
+    fig.update_layout(title=title, height=height, margin={"r": TIMELINE_LEGEND_PX}, hovermode="x unified")
+    return fig
+
+
 def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | None = None,
                  routing=None) -> list[tuple[str, object]]:
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     figures: list[tuple[str, object]] = []
     rows = [(k, v) for k, v in summary.items() if not isinstance(v, (dict, list))]
@@ -445,46 +626,40 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
     links = summary.get("links", [])
     if links:
         figures.append(("Links", go.Figure(go.Table(
-            header={"values": ["link", "busy_s", "bytes", "ops", "utilisation"]},
-            cells={"values": [[_cell(link.get(c)) for link in links]
-                              for c in ("link", "busy_s", "bytes", "ops", "utilisation")]}),
+            header={"values": ["link", "busy", "bytes", "ops", "utilisation"]},
+            cells={"values": [[_cell(link.get("link")) for link in links],
+                              *[[_with_unit(key, link.get(c)) for link in links]
+                                for c, key in (("busy_s", "busy_s"), ("bytes", "link_bytes"), ("ops", "ops"))],
+                              [f"{100 * link['utilisation']:.1f} %" if link.get("utilisation") is not None else ""
+                               for link in links]]}),
             layout={"title": "Links (whole run)", **_table_size(len(links))})))
 
-    # timeline: per step group (a decode token or a prefill chunk) over simulated time
+    # timelines: per step group (a decode token or a prefill chunk) over simulated time, one figure per phase: a
+    # prefill chunk takes seconds and a decode token tens of ms, so on one scale the decode steps are a flat line
     g = _groups(steps)
-    x = g["start_s"].to_numpy()
     if intervals is not None:
-        title, lanes = "link busy per step (s)", _link_busy_per_group(intervals, g)
+        link_title, lanes = "link busy per step", _link_busy_per_group(intervals, g)
     else:
-        title = "link busy per step (s, apportioned)"
+        link_title = "link busy per step (apportioned)"
         position = pd.MultiIndex.from_frame(g[["request", "phase", "step"]]).get_indexer(
             steps.set_index(["request", "phase", "step"]).index)
         lanes = {name: np.bincount(position, weights=busy, minlength=len(g))
                  for name, busy in link_busy_per_step(steps, summary).items()}
-    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=(title, "copied per step (MiB)", "lent slots", "memory in use (GiB)"))
-    step_time = (g["end_s"] - g["start_s"]).to_numpy()
-    fig.add_trace(go.Scatter(x=x, y=step_time, name="step wall", mode="lines", line={"shape": "hv"}), 1, 1)
-    for name, per_group in lanes.items():
-        fig.add_trace(go.Scatter(x=x, y=per_group, name=name, mode="lines", line={"shape": "hv"}), 1, 1)
-    for c in ("file_read_bytes", "h2d_bytes", "d2d_bytes", "d2h_bytes"):
-        if c in g and g[c].sum() > 0:
-            fig.add_trace(go.Scatter(x=x, y=g[c] / MIB, name=c, mode="lines", line={"shape": "hv"}), 2, 1)
-    if "lent_slots" in g:
-        fig.add_trace(go.Scatter(x=x, y=g["lent_slots"], name="lent slots", mode="lines",
-                                 line={"shape": "hv"}), 3, 1)
-    for c, name in (("vram_used_bytes", "VRAM"), ("ram_used_bytes", "RAM")):
-        if c in g and g[c].sum() > 0:
-            fig.add_trace(go.Scatter(x=x, y=g[c] / GIB, name=name, mode="lines", line={"shape": "hv"}), 4, 1)
-    fig.update_xaxes(title_text="simulated time (s)", row=4, col=1)
-    fig.update_layout(title="Run timeline", height=900)
-    figures.append(("Timeline", fig))
+    for phase, unit in (("prefill", "prefill chunk"), ("decode", "decode token")):
+        mine = (g["phase"] == phase).to_numpy()
+        if mine.any():
+            timeline = _timeline(g[mine], {name: busy[mine] for name, busy in lanes.items()}, link_title, phase,
+                                 f"{phase.capitalize()} timeline: one step per {unit}, on the phase's own clock "
+                                 "(simulated time, other phases cut out)")
+            figures.append((f"{phase.capitalize()} timeline", timeline))
 
     labels, layers, z = hit_heatmap_matrix(steps)
     heat = go.Figure(go.Heatmap(x=labels, y=layers, z=z, zmin=0, zmax=1, colorscale="Viridis",
-                                colorbar={"title": "hit rate"}, hoverongaps=False))
-    heat.update_layout(title="Per-layer hit rate (hits / lookups) per step", xaxis_title="step",
-                       yaxis_title="layer", height=600)
+                                colorbar={"title": {"text": "hit rate (%)"}, "tickformat": ".0%"},
+                                hoverongaps=False,
+                                hovertemplate="%{x}<br>layer %{y}<br>hit rate %{z:.1%}<extra></extra>"))
+    heat.update_layout(title="Per-layer hit rate (hits / lookups) per step",
+                       xaxis_title="step (request, phase, index)", yaxis_title="layer (index)", height=600)
     figures.append(("Hit heatmap", heat))
     if routing is not None:
         figures.append(("Miss-ratio curves", _mrc_figure(summary, steps, *routing)))
@@ -518,7 +693,8 @@ def _uncertainty_figures(summary: dict) -> list[tuple[str, object]]:
                              base=[base] * len(top), orientation="h", name=f"input at its {end} end",
                              marker_color=colour))
     fig.update_layout(title=f"What moves {metric} most (tornado: each input alone at the ends of its range)",
-                      barmode="overlay", xaxis_title=f"{metric} (this run: {base:,.2f})", yaxis_title="input",
+                      barmode="overlay", xaxis_title=f"{_metric_title(metric)}, this run {base:,.2f}",
+                      yaxis_title="estimated input",
                       height=120 + 28 * len(top), margin={"l": 260})
     return [("Uncertainty", table), ("Sensitivity", fig)]
 
@@ -594,38 +770,59 @@ def _order(dims: list[str], frame: pd.DataFrame) -> list[str]:
     return sorted(dims, key=rank)
 
 
-def _slider(names: list[str], per_value: int, key: str) -> dict:
+def _slider(names: list[str], per_value: int) -> dict:
+    """Steps over the slices, each labelled with its settings ("reserve 8 GiB")."""
     steps = []
     for i, name in enumerate(names):
         visible = [j // per_value == i for j in range(len(names) * per_value)]
         steps.append({"method": "restyle", "args": [{"visible": visible}], "label": name})
-    return {"active": 0, "currentvalue": {"prefix": f"{key} = "}, "steps": steps, "pad": {"t": 50}}
+    return {"active": 0, "currentvalue": {"prefix": "at "}, "steps": steps, "pad": {"t": 50}}
+
+
+def _successful(frame: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
+    """The points without an error, in grid order, numeric grid values as numbers (flags and environment values
+    are kept as text: "9472" -> 9472)."""
+    ok = (frame[frame["error"].isna()] if "error" in frame else frame).copy()
+    for d in dims:
+        if _numeric(ok[d]):
+            ok[d] = pd.to_numeric(ok[d])
+    return _sorted_by(ok, dims)
+
+
+def _plotted_metrics(ok: pd.DataFrame) -> list[str]:
+    return [m for m in SWEEP_METRICS if m in ok and ok[m].notna().any()]
+
+
+def _categorical(series: pd.Series) -> bool:
+    return not _numeric(series) or series.nunique(dropna=True) <= CATEGORY_MAX_VALUES
+
+
+def _axis(key: str, series: pd.Series) -> dict:
+    return {"title": {"text": _dimension_title(key)}, **({"type": "category"} if _categorical(series) else {})}
 
 
 def _sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object]]:
     import plotly.graph_objects as go
 
-    ok = frame[frame["error"].isna()] if "error" in frame else frame
     dims = _order(_sweep_dims(results, frame), frame)
+    ok = _successful(frame, dims)
     figures: list[tuple[str, object]] = []
     table_cols = list(dict.fromkeys(c for c in (*dims, *SWEEP_METRICS, "decode_hit_rate", "cache_slots", "error")
                                     if c in frame.columns))
     shown = _sorted_by(frame, dims)
+    # grid keys by their short name and unit, metrics by their column name with each value in its unit
     figures.append(("Points", go.Figure(go.Table(
-        header={"values": table_cols},
-        cells={"values": [[_cell(v) for v in shown[c].tolist()] for c in table_cols]}),
+        header={"values": [_dimension_title(c) if c in dims else c for c in table_cols]},
+        cells={"values": [[(_cell if c in dims or c == "error" else partial(_with_unit, c))(v)
+                           for v in shown[c].tolist()] for c in table_cols]}),
         layout={"title": f"Sweep points ({len(frame)}, {len(frame) - len(ok)} failed)",
                 **_table_size(len(shown))})))
     if ok.empty or not dims:
         return figures
     numeric = [d for d in dims if _numeric(ok[d])]
-    ok = ok.copy()
-    for d in numeric:  # flags and environment values are kept as text: "9472" -> 9472
-        ok[d] = pd.to_numeric(ok[d])
     rest_of = (lambda used: [d for d in dims if d not in used])
-    for metric in SWEEP_METRICS:
-        if metric not in ok or ok[metric].isna().all():
-            continue
+    for metric in _plotted_metrics(ok):
+        title, fmt = _metric_title(metric), _value_format(metric)
         if len(numeric) >= 2:
             xk, yk = numeric[0], numeric[1]
             rest = rest_of((xk, yk))
@@ -633,14 +830,17 @@ def _sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object
             fig = go.Figure()
             for i, (name, part) in enumerate(slices):
                 table = part.pivot_table(index=yk, columns=xk, values=metric, aggfunc="mean")
-                fig.add_trace(go.Heatmap(x=[_num(v) for v in table.columns], y=[_num(v) for v in table.index],
-                                         z=[[None if pd.isna(v) else float(v) for v in r] for r in table.to_numpy()],
-                                         colorscale="Viridis", colorbar={"title": metric}, visible=i == 0,
-                                         name=name, hovertemplate=f"{xk}=%{{x}}<br>{yk}=%{{y}}<br>{metric}=%{{z}}"
-                                                                  "<extra></extra>"))
-            layout = {"title": f"{metric} vs {xk} and {yk}", "xaxis_title": xk, "yaxis_title": yk, "height": 550}
+                fig.add_trace(go.Heatmap(
+                    x=[_num(v) for v in table.columns], y=[_num(v) for v in table.index],
+                    z=[[None if pd.isna(v) else float(v) for v in r] for r in table.to_numpy()],
+                    colorscale="Viridis", colorbar={"title": {"text": title}, "tickformat": fmt}, visible=i == 0,
+                    name=name, texttemplate=f"%{{z:{fmt}}}",
+                    hovertemplate=f"{_dimension_title(xk)} %{{x}}<br>{_dimension_title(yk)} %{{y}}<br>"
+                                  f"{title} %{{z:{fmt}}}<extra></extra>"))
+            layout = {"title": f"{title} vs {_dimension_title(xk)} and {_dimension_title(yk)}",
+                      "xaxis": _axis(xk, ok[xk]), "yaxis": _axis(yk, ok[yk]), "height": 550}
             if len(slices) > 1:
-                layout["sliders"] = [_slider([n for n, _ in slices], 1, ", ".join(rest))]
+                layout["sliders"] = [_slider([n for n, _ in slices], 1)]
             fig.update_layout(**layout)
         else:
             xk = numeric[0] if numeric else dims[0]
@@ -652,17 +852,70 @@ def _sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object
             for i, (name, part) in enumerate(slices):
                 lines = _slices(part, series)
                 for line_name, line in lines:
-                    line = line.sort_values(xk) if numeric else line
                     fig.add_trace(go.Scatter(x=[_num(v) for v in line[xk]], y=line[metric].tolist(),
-                                             mode="lines+markers", name=line_name or metric, visible=i == 0))
+                                             mode="lines+markers", name=line_name or title, visible=i == 0,
+                                             hovertemplate=f"{_dimension_title(xk)} %{{x}}<br>{title} "
+                                                           f"%{{y:{fmt}}}<extra></extra>"))
                 for _ in range(per_slice - len(lines)):  # keep the slider's trace blocks aligned
                     fig.add_trace(go.Scatter(x=[], y=[], visible=False, showlegend=False))
-            layout = {"title": f"{metric} vs {xk}", "xaxis_title": xk, "yaxis_title": metric, "height": 500}
+            layout = {"title": f"{title} vs {_dimension_title(xk)}", "xaxis": _axis(xk, ok[xk]),
+                      "yaxis": {"title": {"text": title}, "tickformat": fmt}, "height": 500}
             if len(slices) > 1:
-                layout["sliders"] = [_slider([n for n, _ in slices], per_slice, rest[0])]
+                layout["sliders"] = [_slider([n for n, _ in slices], per_slice)]
             fig.update_layout(**layout)
         figures.append((f"{metric} sweep", fig))
     return figures
+
+
+def _setting(key: str, value) -> str:
+    """One grid setting as prose: "cache 9472 experts"."""
+    name, unit = _dimension_name(key)
+    return f"{name} {_cell(_num(value))}" + (f" {unit}" if unit else "")
+
+
+def _difference(metric: str, delta: float) -> str:
+    """A change of a metric with its unit; hit rates in percentage points."""
+    return f"{100 * delta:.1f} pt" if metric.endswith("hit_rate") else _with_unit(metric, delta)
+
+
+def what_changed_most(frame: pd.DataFrame, dims: list[str]) -> str:
+    """One paragraph over the successful points: per plotted metric, its lowest and highest point with their
+    settings, and the grid dimensions ranked by how much they move it, a dimension's effect being the range of
+    the metric's mean per value of that dimension (averaged over the other dimensions), largest first.
+    Empty when no point succeeded or no dimension varies."""
+    ok = _successful(frame, dims)
+    if ok.empty or not dims:
+        return ""
+    sentences = []
+    for metric in _plotted_metrics(ok):
+        rows = ok[ok[metric].notna()]
+        low, high = rows.loc[rows[metric].idxmin()], rows.loc[rows[metric].idxmax()]
+        if low[metric] == high[metric]:
+            sentences.append(f"{metric} is {_with_unit(metric, low[metric])} at every point.")
+            continue
+        effects = []
+        for d in dims:
+            means = rows.groupby(d, sort=False)[metric].mean()
+            effects.append((means.max() - means.min(), d, means))
+        effects.sort(key=lambda e: -e[0])  # stable: a tie keeps the grid's order
+        at = (lambda row: ", ".join(_setting(d, row[d]) for d in dims))
+        text = (f"{metric} goes from {_with_unit(metric, low[metric])} ({at(low)}) to "
+                f"{_with_unit(metric, high[metric])} ({at(high)}).")
+        size, d, means = effects[0]
+        if size == 0:
+            text += " No grid dimension alone moves its mean: the settings only act together."
+        else:
+            text += (f" {_dimension_name(d)[0].capitalize()} moves it most, by {_difference(metric, size)}: its "
+                     f"mean is {_with_unit(metric, means.min())} at {_setting(d, means.idxmin())} and "
+                     f"{_with_unit(metric, means.max())} at {_setting(d, means.idxmax())}")
+            others = [f"{_dimension_name(d)[0]} by {_difference(metric, size)}" if size else
+                      f"{_dimension_name(d)[0]} not at all" for size, d, _ in effects[1:]]
+            text += f"; then {', '.join(others)}." if others else "."
+        sentences.append(text)
+    if not sentences:
+        return ""
+    grid = " x ".join(f"{ok[d].nunique()} {_dimension_name(d)[0]}" for d in dims)
+    return f"Over {len(ok)} successful points ({grid}): " + " ".join(sentences)
 
 
 def _num(value):
@@ -677,39 +930,70 @@ def _slices(frame: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFram
     out = []
     for values, part in frame.groupby(keys, sort=True, dropna=False):
         values = values if isinstance(values, tuple) else (values,)
-        out.append((", ".join(f"{k.rsplit('.', 1)[-1]}={_num(v)}" for k, v in zip(keys, values)), part))
+        out.append((", ".join(_setting(k, v) for k, v in zip(keys, values)), part))
     return out
 
 
 # ------------------------------------------------------------------------------------------------ html
 
 
-def _page(title: str, figures: list[tuple[str, object]]) -> str:
+def _plotly_loader(plotly_js: str) -> str:
+    """The <script> that loads plotly.js: the bundle inline, or the tag plotly's own `to_html(include_plotlyjs=
+    "cdn")` writes (its CDN URL for this plotly version, with the bundle's subresource integrity hash)."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
+    if plotly_js not in PLOTLY_JS_MODES:
+        raise InputError("report", "plotly_js", plotly_js, f"expected one of {', '.join(PLOTLY_JS_MODES)}")
+    if plotly_js == "inline":
+        return f"<script type=\"text/javascript\">{get_plotlyjs()}</script>"
+    fragment = pio.to_html(go.Figure(), include_plotlyjs="cdn", full_html=False)
+    return re.search(r"<script[^>]*\bsrc=[^>]*></script>", fragment).group(0)
+
+
+def _script_json(value) -> str:
+    """JSON to sit in a <script> element: a "</" inside a string would end the element."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+
+
+def _page(title: str, figures: list[tuple[str, object]], loader: str, summary: str = "") -> str:
+    """The page: `loader` (`_plotly_loader`), the summary paragraph if any, then the figures."""
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html_lib.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:1em 2em}h2{margin-top:1.5em}</style>",
-             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>",
-             f"<h1>{html_lib.escape(title)}</h1>"]
-    for i, (name, fig) in enumerate(figures):
-        spec = fig.to_json().replace("</", "<\\/")
+             "<style>body{font-family:sans-serif;margin:1em 2em}h2{margin-top:1.5em}"
+             "p.expertsim-summary{max-width:70em;line-height:1.45}</style>",
+             f"{loader}</head><body>", f"<h1>{html_lib.escape(title)}</h1>"]
+    if summary:
+        parts.append(f"<h2>What changed most</h2><p class=\"expertsim-summary\">{html_lib.escape(summary)}</p>")
+    # plotly.py writes its default template (~6.5 kB) into every figure: the page holds it once, each figure
+    # that uses it gets it back when drawn
+    specs = [json.loads(fig.to_json()) for _, fig in figures]
+    template = specs[0]["layout"].get("template") if specs else None
+    for spec in specs:
+        if template is not None and spec["layout"].get("template") == template:
+            del spec["layout"]["template"]
+    parts.append(f"<script type=\"application/json\" id=\"expertsim-template\">{_script_json(template)}</script>")
+    for i, ((name, _), spec) in enumerate(zip(figures, specs)):
         parts.append(f"<h2>{html_lib.escape(name)}</h2><div id=\"fig-{i}\" class=\"expertsim-plot\"></div>"
                      f"<script type=\"application/json\" class=\"expertsim-figure\" id=\"fig-{i}-spec\">"
-                     f"{spec}</script>")
-    parts.append("<script type=\"text/javascript\">document.querySelectorAll('script.expertsim-figure')"
-                 ".forEach(function(el){var s=JSON.parse(el.textContent);"
+                     f"{_script_json(spec)}</script>")
+    parts.append("<script type=\"text/javascript\">var template=JSON.parse("
+                 "document.getElementById('expertsim-template').textContent);"
+                 "document.querySelectorAll('script.expertsim-figure').forEach(function(el){"
+                 "var s=JSON.parse(el.textContent);if(template&&!s.layout.template){s.layout.template=template;}"
                  "Plotly.newPlot(el.id.slice(0,-5),s.data,s.layout,{responsive:true,displaylogo:false});});"
                  "</script></body></html>\n")
     return "\n".join(parts)
 
 
-def report_figures(results_dir: str | Path) -> tuple[str, list[tuple[str, object]]]:
+def _report(results_dir: str | Path) -> tuple[str, str, list[tuple[str, object]]]:
+    """(title, summary paragraph, figures) of a results folder; a run report has no summary paragraph."""
     results = Path(results_dir)
     if _kind(results) == "run":
         summary, steps = load_run(results)
         title = f"expertsim run: {summary.get('engine', '')} {summary.get('variant', '')} on " \
                 f"{summary.get('hardware', '')}, {summary.get('model', '')}"
-        return title, _run_figures(summary, steps, load_links(results), load_routing(results))
+        return title, "", _run_figures(summary, steps, load_links(results), load_routing(results))
     from sim.explore.sweep import load_sweep
 
     frame = load_sweep(results)
@@ -717,18 +1001,26 @@ def report_figures(results_dir: str | Path) -> tuple[str, list[tuple[str, object
     # a damaged point file (a write cut short) is left out by name; `sweep --resume` recomputes it
     skipped = f" ({len(damaged)} damaged point files skipped: {', '.join(Path(p).name for p in damaged)})" \
         if damaged else ""
-    return f"expertsim sweep: {results}{skipped}", _sweep_figures(results, frame)
+    dims = _order(_sweep_dims(results, frame), frame)
+    return f"expertsim sweep: {results}{skipped}", what_changed_most(frame, dims), _sweep_figures(results, frame)
 
 
-def build_report(results_dir: str | Path) -> str:
-    """The HTML report of a run or sweep results folder (one self-contained page)."""
-    title, figures = report_figures(results_dir)
-    return _page(title, figures)
+def report_figures(results_dir: str | Path) -> tuple[str, list[tuple[str, object]]]:
+    title, _, figures = _report(results_dir)
+    return title, figures
 
 
-def write_report(results_dir: str | Path, output: str | Path) -> dict:
-    title, figures = report_figures(results_dir)
-    page = _page(title, figures)
+def build_report(results_dir: str | Path, plotly_js: str = "inline") -> str:
+    """The HTML report of a run or sweep results folder (one page; self-contained with plotly_js "inline")."""
+    loader = _plotly_loader(plotly_js)  # a bad mode fails before any figure is built
+    title, summary, figures = _report(results_dir)
+    return _page(title, figures, loader, summary)
+
+
+def write_report(results_dir: str | Path, output: str | Path, plotly_js: str = "inline") -> dict:
+    loader = _plotly_loader(plotly_js)
+    title, summary, figures = _report(results_dir)
+    page = _page(title, figures, loader, summary)
     try:
         Path(output).write_text(page, encoding="utf-8")
     except OSError as exc:
@@ -738,5 +1030,5 @@ def write_report(results_dir: str | Path, output: str | Path) -> dict:
 
 
 __all__ = ["build_report", "hit_heatmap_matrix", "hit_rate_curves", "link_busy_per_step",
-           "load_links", "load_routing", "perfetto_trace", "report_figures", "run_class_points", "write_perfetto",
-           "write_report"]
+           "load_links", "load_routing", "perfetto_trace", "report_figures", "run_class_points", "what_changed_most",
+           "write_perfetto", "write_report"]

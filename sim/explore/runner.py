@@ -312,6 +312,39 @@ def _local(tasks: list[Task], workers: int):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _scenario_as_loaded(scenario_path: str, data: dict) -> tuple[str | None, str | None]:
+    """(scenario hash, None) as this process loads the point's scenario, or (None, its one-line error)."""
+    from sim.scenario import load_scenario, scenario_hash
+
+    try:
+        return scenario_hash(load_scenario(scenario_path, data)), None
+    except InputError as exc:
+        return None, str(exc)
+
+
+def _check_workers_load(client, tasks: list[Task]) -> None:
+    """Before any point is submitted: every Dask worker loads each scenario of the sweep (its first point)
+    and gets the hash it has here. The workers read the scenario and every file it names (hardware profile,
+    calibration, GGUF, trace, Strata packs) at the same absolute paths: a worker without a shared
+    filesystem, or with other versions of those files, is named here in one line instead of failing (or
+    silently differing) point by point. The hash covers the content of what the scenario names."""
+    first = {}
+    for task in tasks:
+        for point in task.points:
+            first.setdefault(point.scenario_path, point)
+    for path, point in first.items():
+        here, _ = _scenario_as_loaded(path, point.data)
+        for address, (there, error) in sorted(client.run(_scenario_as_loaded, path, point.data).items()):
+            if error is not None:
+                raise InputError("--scheduler", f"worker {address}", path,
+                                 f"cannot load the scenario there ({error}); workers read the scenario and the "
+                                 "files it names at the same absolute paths: a shared filesystem")
+            if here is not None and there != here:
+                raise InputError("--scheduler", f"worker {address}", path,
+                                 f"loads another scenario there (hash {there[:12]}, here {here[:12]}): the files "
+                                 "it names differ between this machine and the worker")
+
+
 def _dask(tasks: list[Task], workers: int, scheduler: str | None):
     try:
         from distributed import Client, LocalCluster, as_completed
@@ -329,6 +362,7 @@ def _dask(tasks: list[Task], workers: int, scheduler: str | None):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
             client = Client(cluster)
         try:
+            _check_workers_load(client, tasks)
             futures = {}
             for task in tasks:
                 fn, args = task.call()
@@ -368,7 +402,7 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
     if executor == "dask":
         # Dask workers may run in another folder (a `dask worker` started elsewhere): each point names its
         # scenario by absolute path, so its relative references (hardware, model, trace) resolve as they did
-        # here, where the point was already loaded and checked.
+        # here, where the point was already loaded and checked; `_check_workers_load` checks they do there.
         runnable = [dataclasses.replace(p, scenario_path=str(Path(p.scenario_path).resolve())) for p in runnable]
     tasks = plan_tasks(runnable, mrc)
     workers = workers or min(os.cpu_count() or 1, len(tasks))

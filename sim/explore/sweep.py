@@ -268,13 +268,23 @@ class SweepResult:
     resumed: list[str] = field(default_factory=list)  # ids found on disk and skipped
     failed: list[str] = field(default_factory=list)  # ids whose row has an error (this call's and resumed ones)
     damaged: list[str] = field(default_factory=list)  # point files found damaged, recomputed by this call
+    left_damaged: list[str] = field(default_factory=list)  # damaged files of points outside this call's grid
+    rows: dict[str, pd.DataFrame] = field(default_factory=dict)  # this call's points' rows (resumed, computed)
 
     def frame(self) -> pd.DataFrame:
+        """Every finished point of the results folder (load_sweep), this call's and other grids'."""
         return load_sweep(self.out_dir)
 
+    def points_frame(self) -> pd.DataFrame:
+        """This call's points, one row each, sorted by point id: from memory, no point file read again."""
+        if not self.rows:
+            return pd.DataFrame(columns=load_sweep_columns())
+        return pd.concat(self.rows.values(), ignore_index=True).sort_values("point_id", ignore_index=True)
 
-def open_results(out: Path, points: list[Point], resume: bool) -> dict[str, pd.DataFrame]:
-    """Check (or start) the results folder; the rows already finished there, by point id."""
+
+def open_results(out: Path, points: list[Point], resume: bool) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Check (or start) the results folder: the rows already finished there by point id, and the point files
+    there that are damaged (read_points)."""
     base_hash, scenario = points[0].base_hash, points[0].scenario_path
     manifest_path = out / "manifest.json"
     point_dir = out / "points"
@@ -307,18 +317,18 @@ def open_results(out: Path, points: list[Point], resume: bool) -> dict[str, pd.D
         raise InputError(str(out), "output", str(out), f"cannot create: {exc.strerror}") from None
     manifest = {"schema": SCHEMA, "scenario": scenario, "base_scenario_hash": base_hash, "grids": grids}
     _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
-    return read_points(out)[0] if done else {}
+    return read_points(out) if done else ({}, [])
 
 
 def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "processes", workers: int | None = None,
               scheduler: str | None = None, resume: bool = False,
               progress: Callable[[dict, int, int], None] | None = None, mrc: bool = True,
-              retry_failed: bool = False) -> SweepResult:
+              retry_failed: bool = False, opened: tuple[dict, list[str]] | None = None) -> SweepResult:
     """Run the points, writing each one's row to out_dir/points/ID.parquet the moment it finishes.
 
     `progress(row, finished, total)` is called after each point (finished counts resumed points too).
     `mrc=False` runs every point through its engine, even those the one-pass curve gives (the benchmark's
-    comparison).
+    comparison). `opened`: what open_results gave for these points, when the caller has already opened the folder.
     """
     if executor not in EXECUTORS:
         raise InputError("--executor", "executor", executor, f"must be one of: {', '.join(EXECUTORS)}")
@@ -332,10 +342,11 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
         raise ValueError("points of one sweep must share a base scenario")
     if retry_failed and not resume:
         raise InputError("--retry-failed", "retry_failed", True, "continues a sweep: give --resume too")
-    done = open_results(out, points, resume)
+    done, damaged = opened if opened is not None else open_results(out, points, resume)
     point_dir = out / "points"
-    result.damaged = [str(point_dir / f"{p.point_id}.parquet") for p in points
-                      if (point_dir / f"{p.point_id}.parquet").exists() and p.point_id not in done]
+    mine = {str(point_dir / f"{p.point_id}.parquet") for p in points}
+    result.damaged = [path for path in damaged if path in mine]
+    result.left_damaged = [path for path in damaged if path not in mine]
     todo: list[Point] = []
     seen: set[str] = set()
     for p in points:
@@ -348,14 +359,16 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
             todo.append(p)
             continue
         result.resumed.append(p.point_id)
+        result.rows[p.point_id] = row
         if failed:
             result.failed.append(p.point_id)
     finished = len(result.resumed)
 
     def record(point: Point, row: dict) -> None:
         nonlocal finished
-        _atomic_write(point_dir / f"{point.point_id}.parquet",
-                      lambda path: _row_frame(row, point.overrides).to_parquet(path, index=False))
+        frame = _row_frame(row, point.overrides)
+        _atomic_write(point_dir / f"{point.point_id}.parquet", lambda path: frame.to_parquet(path, index=False))
+        result.rows[point.point_id] = frame
         finished += 1
         result.computed.append(point.point_id)
         if row["error"] is not None:
@@ -368,6 +381,12 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
     return result
 
 
+def load_sweep_columns() -> list[str]:
+    """The columns of a point's row (an empty sweep's frame has them too)."""
+    return ["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error", "method", "wall_s",
+            "overrides"]
+
+
 def load_sweep(out_dir: str | Path) -> pd.DataFrame:
     """All finished points of a results folder, one row each (sorted by point id); damaged point files are left
     out and named in `frame.attrs["damaged"]`."""
@@ -376,13 +395,12 @@ def load_sweep(out_dir: str | Path) -> pd.DataFrame:
         raise InputError(str(out), "path", str(out), "not a sweep results folder (no manifest.json)")
     rows, damaged = read_points(out)
     if not rows:
-        frame = pd.DataFrame(columns=["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error",
-                                      "method", "wall_s", "overrides"])
+        frame = pd.DataFrame(columns=load_sweep_columns())
     else:
         frame = pd.concat(rows.values(), ignore_index=True).sort_values("point_id", ignore_index=True)
     frame.attrs["damaged"] = damaged
     return frame
 
 
-__all__ = ["SweepResult", "expand_grid", "load_sweep", "open_results", "parse_grid", "parse_settings", "read_point",
+__all__ = ["SweepResult", "expand_grid", "load_sweep", "load_sweep_columns", "open_results", "parse_grid", "parse_settings", "read_point",
            "read_points", "run_sweep"]

@@ -136,9 +136,9 @@ class Trace:
         digest = hashlib.sha256()
         digest.update(self.header.to_json().encode())
         for arr in (self.request, self.position, self.phase, self.experts):
-            digest.update(np.ascontiguousarray(arr).tobytes())
+            digest.update(np.ascontiguousarray(arr))  # the buffer itself: no copy of a long prompt
         if self.weights is not None:
-            digest.update(self.weights.tobytes())
+            digest.update(np.ascontiguousarray(self.weights))
         return digest.hexdigest()
 
     def nbytes(self) -> int:

@@ -8,17 +8,15 @@ regenerates every region and fails when a page holds a stale one.
 
 from __future__ import annotations
 
-import ast
 import inspect
-import io
 import json
 import re
-import textwrap
-import tokenize
 import types
 import typing
 
 from docgen.pages import FIGURES, ROOT
+
+from sim.schema import field_comments
 
 
 def _cell(text: object) -> str:
@@ -77,34 +75,6 @@ def cli() -> str:
 
 
 # ------------------------------------------------------------------------------------------ schemas
-
-
-def _field_comments(model: type) -> dict[str, str]:
-    """The comments the source puts on a model's fields: the comment lines right above a field and the
-    comment at the end of its line(s)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(model))
-    except (OSError, TypeError):  # a model made at run time (create_model) has no source
-        return {}
-    comments: dict[int, str] = {}
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string.lstrip("#").strip()
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body[0].body:
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            continue
-        above = []
-        line = node.lineno - 1
-        while line >= 1 and lines[line - 1].strip().startswith("#"):
-            above.insert(0, comments[line])
-            line -= 1
-        trailing = [comments[i] for i in range(node.lineno, node.end_lineno + 1) if i in comments]
-        text = " ".join(above + trailing)
-        if text:
-            found[node.target.id] = text
-    return found
 
 
 def _constraints(metadata: list) -> list[str]:
@@ -166,7 +136,7 @@ def model_table(model: type, links: dict) -> str:
     comments = {}
     for klass in reversed(model.__mro__):  # a subclass's comments win
         if isinstance(klass, type) and hasattr(klass, "model_fields"):
-            comments.update(_field_comments(klass))
+            comments.update(field_comments(klass))
     rows = []
     for name, info in model.model_fields.items():
         text, optional = _type_text(info.annotation, links)

@@ -1,0 +1,169 @@
+"""`expertsim scenario init` and `expertsim hardware init` as a user meets them: files that load and run,
+a comment on every setting, --force, strict JSON, one-line errors; and the text edits behind a profile copy."""
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sim.model.hardware import load_hardware, load_hardware_file
+from sim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small workloads: each run below takes a second or two.
+SHORT = ["--prompt-tokens", "64", "--decode-tokens", "8"]
+
+
+def expertsim(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.run([sys.executable, "-m", "sim", *map(str, args)], capture_output=True, text=True, env=env,
+                          cwd=cwd)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def setting_lines(text: str) -> list[str]:
+    """The lines that set a value: neither comments, blank, nor table headers."""
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith(("#", "["))]
+
+
+@pytest.mark.parametrize("model, engine, variant", [
+    ("deepseek-v4-flash-q2-q4", "ds4", "pr1082"),
+    ("qwen3.8-flash-next-iq3s", "strata", "v0.1.40"),
+    ("qwen3-30b-a3b", "replay", None),  # neither engine runs it: a cache-only replay
+])
+def test_each_engine_choice_writes_a_scenario_that_loads_and_runs(tmp_path, model, engine, variant):
+    written = strict_json(expertsim("scenario", "init", "--model", model, "--hardware", "rtx-4090", *SHORT,
+                                    "-o", "start.toml", "--json", cwd=tmp_path).stdout)
+    assert (written["engine"], written["variant"], written["model"], written["hardware"]) == \
+        (engine, variant, model, "rtx-4090")
+    assert written["path"] == "start.toml" and written["settings"] == {}
+    text = (tmp_path / "start.toml").read_text()
+    assert text.startswith("# Scenario: ") and "\n# Covers: " in text
+    assert all("  # " in line for line in setting_lines(text)), [l for l in setting_lines(text) if "  # " not in l]
+    scenario = load_scenario(tmp_path / "start.toml")
+    assert scenario.engine.name == engine and scenario.trace.generator == model
+    summary = strict_json(expertsim("run", "start.toml", "-o", "out", "--json", cwd=tmp_path).stdout)
+    assert summary["engine"] == engine and (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_a_setting_is_typed_as_run_set_types_it_and_says_it_is_set_here(tmp_path):
+    written = strict_json(expertsim("scenario", "init", "--model", "qwen3.8-flash-next-iq3s", "--hardware",
+                                    "rtx-4090", *SHORT, "--set", "engine.flags.vram-reserve-mib=1536",
+                                    "--set", "engine.env.STRATA_RESIDENT_HEADROOM_GIB=6", "-o", "s.toml", "--json",
+                                    cwd=tmp_path).stdout)
+    assert written["settings"] == {"engine.flags.vram-reserve-mib": 1536,
+                                   "engine.env.STRATA_RESIDENT_HEADROOM_GIB": "6"}
+    scenario = load_scenario(tmp_path / "s.toml")
+    assert scenario.engine.flags.vram_reserve_mib == 1536 and scenario.engine.env.STRATA_RESIDENT_HEADROOM_GIB == "6"
+    reserve = next(line for line in (tmp_path / "s.toml").read_text().splitlines()
+                   if line.startswith("vram-reserve-mib"))
+    assert "set here" in reserve and "default: 700" in reserve
+
+
+def test_an_existing_file_is_kept_without_force(tmp_path):
+    args = ["scenario", "init", "--model", "qwen3-30b-a3b", "--hardware", "rtx-4090", *SHORT, "-o", "s.toml"]
+    expertsim(*args, cwd=tmp_path)
+    before = (tmp_path / "s.toml").read_text()
+    one_line_error(expertsim(*args, "--decode-tokens", "9", cwd=tmp_path, check=False), "s.toml", "--force")
+    assert (tmp_path / "s.toml").read_text() == before
+    expertsim(*args, "--decode-tokens", "9", "--force", cwd=tmp_path)
+    assert load_scenario(tmp_path / "s.toml").workload.requests[0].decode_tokens == 9
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ("engine.flags.no-such-flag=1", "engine.flags.no-such-flag"),
+    ("no_such_key=1", "no_such_key"),
+    ("engine.flags.vram-reserve-mib=lots", "engine.flags.vram-reserve-mib"),
+])
+def test_a_bad_setting_is_one_line_and_writes_nothing(tmp_path, setting, needle):
+    proc = expertsim("scenario", "init", "--model", "qwen3.8-flash-next-iq3s", "--hardware", "rtx-4090", *SHORT,
+                     "--set", setting, "-o", "s.toml", cwd=tmp_path, check=False)
+    assert one_line_error(proc, needle).startswith("expertsim: error: s.toml")
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary twin
+
+
+def test_a_model_no_generator_covers_needs_a_trace_file(tmp_path):
+    from gguf.constants import GGMLQuantizationType as Q
+
+    from tests.test_gguf_reader import expert_tensors, moe_kv, write_gguf
+
+    tensors = [t for block in (0, 1) for t in expert_tensors(block, 4, 256, 256, (Q.Q4_K, Q.Q4_K, Q.Q8_0))]
+    write_gguf(tmp_path / "tiny.gguf", tensors, moe_kv(2, 4, 2) | {"general.name": "tiny-moe"})
+    args = ["scenario", "init", "--model", "tiny.gguf", "--hardware", "rtx-4090", *SHORT, "-o", "sub/s.toml"]
+    one_line_error(expertsim(*args, cwd=tmp_path, check=False), "no generator preset", "trace.path")
+    rows = [f"0,{pos},{'prefill' if pos < 64 else 'decode'},{layer},{(pos + layer) % 4},{(pos + layer + 1) % 4}"
+            for pos in range(64 + 8) for layer in (0, 1)]  # SHORT's workload: 64 prompt tokens, then 8
+    (tmp_path / "tiny.csv").write_text("request,position,phase,layer,e0,e1\n" + "\n".join(rows) + "\n")
+    expertsim("trace", "import", "tiny.csv", "--n-experts", 4, "-o", "sub/tiny.parquet", cwd=tmp_path)
+    written = strict_json(expertsim(*args, "--set", "trace.path=tiny.parquet", "--json", cwd=tmp_path).stdout)
+    assert written["engine"] == "replay" and written["model"] == "../tiny.gguf"  # rebased into sub/
+    assert written["trace"] == {"path": "tiny.parquet"}
+    expertsim("run", "sub/s.toml", "-o", "out", cwd=tmp_path)
+
+
+def test_hardware_init_changes_a_figure_and_a_scenario_names_the_copy(tmp_path):
+    base = ROOT / "scenarios" / "hardware" / "rtx-pro-6000-96gb.toml"
+    written = strict_json(expertsim("hardware", "init", "rtx-pro-6000-96gb", "--set", "vram_gib=48",
+                                    "-o", "hardware/what-if-48gb.toml", "--json", cwd=tmp_path).stdout)
+    assert written["changed"] == {"gpu.vram_gib": "48 GiB"} and written["scenario_names_it"] == "what-if-48gb"
+    shown = strict_json(expertsim("hardware", "show", "hardware/what-if-48gb.toml", "--json", cwd=tmp_path).stdout)
+    assert shown["summary"]["vram_gib"] == 48 and shown["summary"]["name"] == "what-if-48gb"
+    copy = load_hardware_file(tmp_path / "hardware" / "what-if-48gb.toml")
+    assert "what-if set by the user" in copy.gpu.vram_gib.source
+    assert copy.calibration_path == load_hardware("rtx-pro-6000-96gb").calibration_path  # rebased: the same file
+    text = (tmp_path / "hardware" / "what-if-48gb.toml").read_text()
+    assert {line for line in base.read_text().splitlines() if line.startswith("#")} <= set(text.splitlines())
+    expertsim("scenario", "init", "--model", "deepseek-v4-flash-q2-q4", "--hardware", "what-if-48gb", *SHORT,
+              "--set", "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB=8", "-o", "s.toml", cwd=tmp_path)
+    assert tomllib.loads((tmp_path / "s.toml").read_text())["hardware"] == "what-if-48gb"
+    summary = strict_json(expertsim("run", "s.toml", "--json", cwd=tmp_path).stdout)
+    assert summary["hardware"] == "what-if-48gb" and summary["cache_slots"] > 0
+
+
+@pytest.mark.parametrize("setting, needles", [
+    ("vram_gbps=48", ["vram_gbps", "unknown profile field"]),
+    ("vram_gib=lots", ["gpu.vram_gib", "lots", "a number in GiB"]),
+    ("vram_gib=-4", ["gpu.vram_gib", "-4"]),
+    ("dram_bandwidth_gbps=100", ["gpu.dram_bandwidth_gbps", "host.dram_bandwidth_gbps"]),  # two tables have it
+])
+def test_hardware_init_refuses_a_bad_field_or_value_in_one_line(tmp_path, setting, needles):
+    proc = expertsim("hardware", "init", "rtx-4090", "--set", setting, "-o", "x.toml", cwd=tmp_path, check=False)
+    one_line_error(proc, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hardware_init_edits_in_place_adds_what_is_missing_and_keeps_the_rest(tmp_path):
+    base = ROOT / "scenarios" / "hardware" / "rtx-4090.toml"
+    expertsim("hardware", "init", base, "--set", 'compute."qwen3.8-flash-next".decode_us_per_token_layer=150',
+              "--set", "compute.deepseek-v4-flash.prefill_us_per_chunk_layer=20", "--set", "os=windows",
+              "--name", "my-4090", "-o", "h.toml", cwd=tmp_path)
+    before, after = tomllib.loads(base.read_text()), tomllib.loads((tmp_path / "h.toml").read_text())
+    assert after["name"] == "my-4090" and after["os"] == "windows"
+    assert after["compute"]["qwen3.8-flash-next"]["decode_us_per_token_layer"]["value"] == 150
+    assert after["compute"]["deepseek-v4-flash"]["prefill_us_per_chunk_layer"]["value"] == 20
+    for key in ("gpu", "host", "pcie", "ssd", "d2d", "latency"):
+        assert after[key] == before[key]
+    one_line_error(expertsim("hardware", "init", base, "-o", "h.toml", cwd=tmp_path, check=False), "--force")
