@@ -325,11 +325,16 @@ def test_plotly_js_cdn_and_inline(run_dir, tmp_path):
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     inline, cdn = build_report(run_dir), build_report(run_dir, plotly_js="cdn")
-    assert len(inline.encode()) > 3_000_000 and len(cdn.encode()) < 200_000
     bundle = get_plotlyjs()
+    # the page without the bundle: a tenth of the bundle's size or less, whichever plotly release writes it
+    assert len(inline.encode()) > len(bundle) > 3_000_000 and len(cdn.encode()) < len(bundle) / 10
     assert bundle[:2000] in inline and bundle[:2000] not in cdn and bundle[-2000:] not in cdn
     [tag] = re.findall(r"<script[^>]*\bsrc=[^>]*>", cdn)
-    assert f'src="https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"' in tag and "integrity=" in tag
+    assert f'src="https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"' in tag
+    import plotly.graph_objects as go
+
+    # plotly's own tag, whatever its release adds to it (an integrity hash since 5.2x)
+    assert [tag] == re.findall(r"<script[^>]*\bsrc=[^>]*>", go.Figure().to_html(include_plotlyjs="cdn"))
     assert _specs(cdn) == _specs(inline)  # the same figures either way
     with pytest.raises(InputError, match="plotly_js"):
         build_report(run_dir, plotly_js="bundle")
@@ -337,7 +342,7 @@ def test_plotly_js_cdn_and_inline(run_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sim", "report", str(run_dir), "-o", str(target), "--plotly-js",
                            "cdn", "--json"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["bytes"] == target.stat().st_size < 200_000
+    assert json.loads(proc.stdout)["bytes"] == target.stat().st_size < len(bundle) / 10
     proc = subprocess.run([sys.executable, "-m", "sim", "report", str(run_dir), "-o", str(target), "--force",
                            "--plotly-js", "bundle"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Usage:" in proc.stderr and "--plotly-js" in proc.stderr
