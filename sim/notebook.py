@@ -45,11 +45,11 @@ class Run:
     @property
     def summary(self) -> pd.DataFrame:
         """The headline metrics (sim.explore.runner.METRICS; a replay's FIGURES) that this run has, in order."""
-        from sim.explore.report import _with_unit
+        from sim.explore.report import with_unit
 
         keys = self._headline_keys()
         return pd.DataFrame({"metric": keys, "value": pd.Series([self.record[k] for k in keys], dtype=object),
-                             "shown": [_with_unit(k, self.record[k]) for k in keys]})
+                             "shown": [with_unit(k, self.record[k]) for k in keys]})
 
     @property
     def notices(self) -> list[str]:

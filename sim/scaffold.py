@@ -35,6 +35,7 @@ from types import SimpleNamespace
 
 from pydantic import BaseModel
 
+from sim.engine.ds4_plan import family_of
 from sim.errors import InputError
 from sim.schema import Quantity, display_path, field_comments, is_file, unwrap
 
@@ -76,8 +77,8 @@ def toml_value(value) -> str:
         if not math.isfinite(value):
             raise ValueError(f"TOML files here hold finite numbers only, not {value}")
         return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):  # JSON's escapes are TOML's, but for DEL, which TOML wants escaped
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -192,28 +193,17 @@ def _strata_geometry() -> str:
     return ", ".join(f"{field} {' or '.join(map(str, allowed))}" for field, allowed in GEOMETRY.items())
 
 
-def _runs_strata(layout) -> bool:
-    from sim.engine.strata_plan import GEOMETRY
-
-    return all(getattr(layout, field) in allowed for field, allowed in GEOMETRY.items())
-
-
-def _ds4_family(layout, compute_key: str | None) -> str | None:
-    from sim.engine.ds4_plan import model_family
-
-    # model_family reads a scenario's model class (its compute key) and layout: the scenario is not made yet
-    return model_family(SimpleNamespace(compute_key=compute_key, layout=layout))
-
-
 def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, str]:
     """(engine, why) for --engine: as given, or for auto the engine that runs the model, else a replay."""
     if engine not in ENGINE_CHOICES:
         raise InputError("scenario init", "--engine", engine, f"must be one of: {', '.join(ENGINE_CHOICES)}")
     if engine != "auto":
         return engine, f"--engine {engine}"
-    if _runs_strata(layout):
+    from sim.engine.strata_plan import geometry_mismatch
+
+    if geometry_mismatch(layout) is None:
         return "strata", f"Strata's kernels are built for one geometry ({_strata_geometry()}), which {layout.name} has"
-    family = _ds4_family(layout, compute_key)
+    family = family_of(layout, compute_key)
     if family is not None:
         return "ds4", f"ds4 is modelled for DeepSeek V4 and GLM-5.2 files; {layout.name} is {family}"
     return "replay", (f"neither engine runs {layout.name} (Strata: {_strata_geometry()} only; ds4: DeepSeek V4 and "
@@ -222,7 +212,7 @@ def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, st
 
 def default_variant(engine: str, layout, compute_key: str | None) -> str | None:
     if engine == "ds4":
-        family = _ds4_family(layout, compute_key)
+        family = family_of(layout, compute_key)
         return DS4_VARIANT_BY_FAMILY.get(family, DS4_VARIANT_BY_FAMILY["deepseek-v4"])
     return STRATA_VARIANT if engine == "strata" else None
 
@@ -589,7 +579,9 @@ def _set_line(text: str, path: tuple[str, ...], value) -> str:
 def _typed(text: str, kind) -> object:
     """VALUE of --set FIELD=VALUE: a TOML value (48, 1.5, true, "x"), else the text; a string field keeps the
     text as typed."""
-    if kind is str or (typing.get_origin(kind) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(kind))):
+    literal_strings = typing.get_origin(kind) is typing.Literal and all(isinstance(a, str)
+                                                                   for a in typing.get_args(kind))
+    if kind is str or literal_strings:
         return text
     try:
         return tomllib.loads(f"v = {text}")["v"]

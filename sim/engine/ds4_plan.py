@@ -556,9 +556,14 @@ def _variant_gate(where: str, section: str, names: set[str], engine) -> None:
 
 
 def model_family(scenario) -> str | None:
-    """Which of ds4's models a scenario's file is, by its model class (the hardware profile's compute key:
-    the preset's name, or model_class for a GGUF): "deepseek-v4" or "glm-5.2"; None for any other."""
-    key = scenario.compute_key or scenario.layout.name
+    """Which of ds4's models a scenario's file is (family_of)."""
+    return family_of(scenario.layout, scenario.compute_key)
+
+
+def family_of(layout, compute_key: str | None) -> str | None:
+    """Which of ds4's models a file is, by its model class (the hardware profile's compute key: the preset's
+    name, or model_class for a GGUF), else the layout's name: "deepseek-v4" or "glm-5.2"; None for any other."""
+    key = compute_key or layout.name
     for family in ("deepseek-v4", "glm-5.2"):
         if key.startswith(family):
             return family

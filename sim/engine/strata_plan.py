@@ -780,6 +780,13 @@ class Settings(Strict):
 GEOMETRY = {"hidden": (2560,), "top_k": (10,), "n_experts": (512, 256)}
 
 
+def geometry_mismatch(layout) -> tuple[str, tuple] | None:
+    """The first GEOMETRY field whose value the layout does not have, with the values Strata runs; None when
+    Strata runs the layout."""
+    return next(((field, allowed) for field, allowed in GEOMETRY.items() if getattr(layout, field) not in allowed),
+                None)
+
+
 def validate(scenario, where: str) -> None:
     """Strata's refusals: what the engine would refuse, and what the model does not simulate."""
     profile, layout, engine = scenario.hardware_profile, scenario.layout, scenario.engine
@@ -793,11 +800,12 @@ def validate(scenario, where: str) -> None:
             raise InputError(where, f"engine.env.{name}", written(env, name),
                              f"read only by variant {' or '.join(allowed)}; this scenario's variant is "
                              f"{engine.variant}")
-    for field, allowed in GEOMETRY.items():
-        if getattr(layout, field) not in allowed:
-            raise InputError(where, "model", scenario.model,
-                             f"Strata runs only Qwen3.8-Flash-Next geometry ({field} {' or '.join(map(str, allowed))}"
-                             f"); {layout.name} has {field} {getattr(layout, field)}")
+    mismatch = geometry_mismatch(layout)
+    if mismatch is not None:
+        field, allowed = mismatch
+        raise InputError(where, "model", scenario.model,
+                         f"Strata runs only Qwen3.8-Flash-Next geometry ({field} {' or '.join(map(str, allowed))}"
+                         f"); {layout.name} has {field} {getattr(layout, field)}")
     if flags.resident_experts and flags.resident_budget_gib is not None:
         raise InputError(where, "engine.flags.resident-budget-gib", flags.resident_budget_gib,
                          "choose one RAM mode: resident-experts or resident-budget-gib")

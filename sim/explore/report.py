@@ -76,13 +76,23 @@ def _dimension_name(key: str) -> tuple[str, str]:
     return key.rsplit(".", 1)[-1], ""
 
 
+def _is_rate(metric: str) -> bool:
+    """A fraction shown in % (hit rates and the Belady gap): on axes and cells (`_value_format`) and in the
+    headline (`with_unit`) alike."""
+    return metric.endswith("hit_rate") or metric == "belady_gap"
+
+
+# The unit a metric's name ends in (docs/metrics.md's naming), as the values are stored.
+METRIC_SUFFIX_UNITS = (("_tok_s", "tok/s"), ("_mib", "MiB"), ("_bytes", "bytes"), ("_s", "s"))
+
+
 def _metric_name(metric: str) -> tuple[str, str]:
-    """A headline metric's short name and unit, from the naming of docs/metrics.md: `*_tok_s` in tok/s,
-    `*hit_rate` a fraction shown in % (`_value_format`)."""
-    if metric.endswith("_tok_s"):
-        return metric[: -len("_tok_s")].replace("_", " "), "tok/s"
-    if metric.endswith("hit_rate"):
+    """A headline metric's short name and unit, from its name's suffix (METRIC_SUFFIX_UNITS); a rate is in %."""
+    if _is_rate(metric):
         return metric.replace("_", " "), "%"
+    for suffix, unit in METRIC_SUFFIX_UNITS:
+        if metric.endswith(suffix):
+            return metric[: -len(suffix)].replace("_", " "), unit
     return metric.replace("_", " "), ""
 
 
@@ -100,7 +110,7 @@ def _metric_title(metric: str) -> str:
 
 def _value_format(metric: str) -> str:
     """The d3 format of a metric's values on axes, cells and hovers: hit rates are fractions drawn as %."""
-    return ".1%" if metric.endswith("hit_rate") else ",.1f"
+    return ".1%" if _is_rate(metric) else ",.1f"
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -602,7 +612,7 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
     rows = [(k, v) for k, v in summary.items() if not isinstance(v, (dict, list))]
     figures.append(("Headline", go.Figure(go.Table(
         header={"values": ["key", "value"]},
-        cells={"values": [[k for k, _ in rows], [_with_unit(k, v) for k, v in rows]], "align": "left"}),
+        cells={"values": [[k for k, _ in rows], [with_unit(k, v) for k, v in rows]], "align": "left"}),
         layout={"title": "Headline metrics", **_table_size(len(rows))})))
     state = summary.get("engine_state", {})
     per_class = state.get("cache_slots_per_class")
@@ -611,8 +621,8 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
         figures.append(("Cache per size class", go.Figure(go.Table(
             header={"values": ["size class", "slots", "expert size", "cache"]},
             cells={"values": [list(range(len(per_class))), [f"{n:,}" for n in per_class],
-                              [_with_unit("x_bytes", b) for b in sizes],
-                              [_with_unit("x_bytes", n * b) if b else "" for n, b in zip(per_class, sizes)]]}),
+                              [with_unit("x_bytes", b) for b in sizes],
+                              [with_unit("x_bytes", n * b) if b else "" for n, b in zip(per_class, sizes)]]}),
             layout={"title": "Expert cache per size class", **_table_size(len(per_class))})))
     notes = [("engine", n) for n in state.get("notices", [])] + \
         [("out of domain", n) for n in summary.get("out_of_domain", [])]
@@ -628,7 +638,7 @@ def _run_figures(summary: dict, steps: pd.DataFrame, intervals: pd.DataFrame | N
         figures.append(("Links", go.Figure(go.Table(
             header={"values": ["link", "busy", "bytes", "ops", "utilisation"]},
             cells={"values": [[_cell(link.get("link")) for link in links],
-                              *[[_with_unit(key, link.get(c)) for link in links]
+                              *[[with_unit(key, link.get(c)) for link in links]
                                 for c, key in (("busy_s", "busy_s"), ("bytes", "link_bytes"), ("ops", "ops"))],
                               [f"{100 * link['utilisation']:.1f} %" if link.get("utilisation") is not None else ""
                                for link in links]]}),
@@ -705,7 +715,7 @@ def _table_size(rows: int) -> dict:
     return {"height": 60 + 20 + 28 + 24 * rows, "margin": {"t": 60, "b": 20}}
 
 
-def _with_unit(key: str, value) -> str:
+def with_unit(key: str, value) -> str:
     """A headline figure as a reader wants it: tok/s, %, GiB or MiB, s, counts with separators."""
     if value is None or isinstance(value, (bool, str)):
         return _cell(value)
@@ -713,7 +723,7 @@ def _with_unit(key: str, value) -> str:
         return "-"
     if key.endswith("_tok_s"):
         return f"{value:,.1f} tok/s"
-    if key.endswith("hit_rate") or key == "belady_gap":
+    if _is_rate(key):
         return f"{100 * value:.1f} %"
     if key.endswith("_mib"):
         return f"{value / 1024:,.2f} GiB" if value >= 1024 else f"{value:,.1f} MiB"
@@ -813,7 +823,7 @@ def _sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object
     # grid keys by their short name and unit, metrics by their column name with each value in its unit
     figures.append(("Points", go.Figure(go.Table(
         header={"values": [_dimension_title(c) if c in dims else c for c in table_cols]},
-        cells={"values": [[(_cell if c in dims or c == "error" else partial(_with_unit, c))(v)
+        cells={"values": [[(_cell if c in dims or c == "error" else partial(with_unit, c))(v)
                            for v in shown[c].tolist()] for c in table_cols]}),
         layout={"title": f"Sweep points ({len(frame)}, {len(frame) - len(ok)} failed)",
                 **_table_size(len(shown))})))
@@ -875,7 +885,7 @@ def _setting(key: str, value) -> str:
 
 def _difference(metric: str, delta: float) -> str:
     """A change of a metric with its unit; hit rates in percentage points."""
-    return f"{100 * delta:.1f} pt" if metric.endswith("hit_rate") else _with_unit(metric, delta)
+    return f"{100 * delta:.1f} pt" if _is_rate(metric) else with_unit(metric, delta)
 
 
 def what_changed_most(frame: pd.DataFrame, dims: list[str]) -> str:
@@ -891,7 +901,7 @@ def what_changed_most(frame: pd.DataFrame, dims: list[str]) -> str:
         rows = ok[ok[metric].notna()]
         low, high = rows.loc[rows[metric].idxmin()], rows.loc[rows[metric].idxmax()]
         if low[metric] == high[metric]:
-            sentences.append(f"{metric} is {_with_unit(metric, low[metric])} at every point.")
+            sentences.append(f"{metric} is {with_unit(metric, low[metric])} at every point.")
             continue
         effects = []
         for d in dims:
@@ -899,15 +909,15 @@ def what_changed_most(frame: pd.DataFrame, dims: list[str]) -> str:
             effects.append((means.max() - means.min(), d, means))
         effects.sort(key=lambda e: -e[0])  # stable: a tie keeps the grid's order
         at = (lambda row: ", ".join(_setting(d, row[d]) for d in dims))
-        text = (f"{metric} goes from {_with_unit(metric, low[metric])} ({at(low)}) to "
-                f"{_with_unit(metric, high[metric])} ({at(high)}).")
+        text = (f"{metric} goes from {with_unit(metric, low[metric])} ({at(low)}) to "
+                f"{with_unit(metric, high[metric])} ({at(high)}).")
         size, d, means = effects[0]
         if size == 0:
             text += " No grid dimension alone moves its mean: the settings only act together."
         else:
             text += (f" {_dimension_name(d)[0].capitalize()} moves it most, by {_difference(metric, size)}: its "
-                     f"mean is {_with_unit(metric, means.min())} at {_setting(d, means.idxmin())} and "
-                     f"{_with_unit(metric, means.max())} at {_setting(d, means.idxmax())}")
+                     f"mean is {with_unit(metric, means.min())} at {_setting(d, means.idxmin())} and "
+                     f"{with_unit(metric, means.max())} at {_setting(d, means.idxmax())}")
             others = [f"{_dimension_name(d)[0]} by {_difference(metric, size)}" if size else
                       f"{_dimension_name(d)[0]} not at all" for size, d, _ in effects[1:]]
             text += f"; then {', '.join(others)}." if others else "."
@@ -1031,4 +1041,4 @@ def write_report(results_dir: str | Path, output: str | Path, plotly_js: str = "
 
 __all__ = ["build_report", "hit_heatmap_matrix", "hit_rate_curves", "link_busy_per_step",
            "load_links", "load_routing", "perfetto_trace", "report_figures", "run_class_points", "what_changed_most",
-           "write_perfetto", "write_report"]
+           "with_unit", "write_perfetto", "write_report"]
