@@ -22,8 +22,8 @@ TAG = re.compile(r"^\[[SMHE](/[SMHE])*( from [SMHE](/[SMHE])*)?\] \S")
 EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060ti-16gb", "h200",
             "rtx-5070ti-laptop-12gb", "dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb",
             # the boxes of validation cases (scenarios/validation/)
-            "rtx-5090-9700x-linux", "rtx-5090-31gb-linux", "rtx-5070-12gb-windows", "rtx-5080-16gb-windows",
-            "rtx-3060-12gb", "rx-7700xt-12gb"}
+            "rtx-5090-9700x-windows", "rtx-4090-14900k-32gb", "rx-7700xt-docker-10gib", "rtx-4070-laptop-8gb-windows",
+            "rtx-5070-12gb-windows", "rtx-5080-16gb-windows", "rtx-3060-12gb", "rx-7700xt-12gb"}
 UNIFIED = {"dgx-spark-gb10", "strix-halo-128gb", "m5-pro-64gb"}
 
 
@@ -39,7 +39,7 @@ def test_profile_loads_by_path_and_by_name(path):
     assert by_path.name == by_name.name == path.stem
     assert by_path == by_name
     assert by_path.path == path.resolve()
-    assert by_path.vram_bytes > 8 * GIB and by_path.ram_bytes > 8 * GIB
+    assert by_path.vram_bytes > 7.9 * GIB and by_path.ram_bytes > 8 * GIB  # 8 GB cards report 8,188 MiB
 
 
 def _numbers(node, path=""):
@@ -75,7 +75,7 @@ def test_validated_quantities_match_their_units_and_compute_is_derived(path):
         assert isinstance(q, Quantity) and TAG.match(q.source)
         leaf = key.split(".")[-1].split("[")[0]
         suffix = {"gbps": "GB/s", "us": "us", "gib": "GiB", "mib": "MiB", "kib": "KiB", "layer": "us",
-                  "threads": "threads"}
+                  "threads": "threads", "cores": "cores"}
         if leaf.endswith("per_gib"):
             assert q.unit == "us/GiB", key
         elif leaf != "read_gbps_by_queue_depth":

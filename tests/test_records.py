@@ -19,11 +19,12 @@ from sim.scenario import load_scenario
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 # Records each seed reads; the fitted figures of its engine and model.
 SEED_RECORDS = {
-    "ds4-504-per-class": {"ds4-flash-buffers-503", "strata-658-prefill", "ds4-graph-encode-773"},
-    "glm52-mtp-per-class": {"ds4-glm52-buffers-neutronstar", "strata-658-prefill", "ds4-graph-encode-773"},
-    "strata-658-borrow": {"strata-658-weights-buffers", "strata-658-decode", "strata-658-prefill", "strata-658-h2d",
-                          "strata-short-read"},
+    "ds4-504-per-class": {"ds4-flash-buffers-503", "strata-prefill-5090", "ds4-graph-encode-773"},
+    "glm52-mtp-per-class": {"ds4-glm52-buffers-neutronstar", "strata-prefill-5090", "ds4-graph-encode-773"},
+    "strata-658-borrow": {"strata-decode-layer-latency", "strata-prefill-5090", "strata-658-h2d", "strata-short-read"},
 }
+# Strata's runtime buffers: a record per platform, each fitted on boxes that no scenario runs on
+STRATA_RUNTIME = {"rtx-5090-48gb-windows": "strata-runtime-windows-cuda", "rtx-4090": "strata-runtime-linux-cuda"}
 
 
 @lru_cache(maxsize=None)
@@ -41,12 +42,15 @@ def flagged(summary: dict) -> set[str]:
     return {r.id for r in RECORDS for note in summary["out_of_domain"] if f"record {r.id}" in note}
 
 
-def test_strata_seed_on_its_own_box_flags_only_the_figure_of_an_unnamed_box():
+def test_strata_seed_on_its_own_box_flags_only_the_figures_of_other_boxes():
     # the warm-up prompt (20 tokens) is read through the decode windows, whose ~16 ms/token comes from a comment
-    # that names no box (record strata-short-read): every run that uses it is told so
+    # that names no box (record strata-short-read); Strata's runtime buffers were fitted on another Windows box's
+    # log, its prompt compute on another 5090's, its decode layer latency on an RTX 3060's and 5080's: every run
+    # that uses them is told so
     summary = short_run("strata-658-borrow")
-    assert flagged(summary) == {"strata-short-read"}
-    assert "hardware rtx-5090-48gb-windows (fitted on not reported)" in summary["out_of_domain"][0]
+    assert flagged(summary) == {"strata-short-read", "strata-runtime-windows-cuda", "strata-prefill-5090",
+                                "strata-decode-layer-latency"}
+    assert any("hardware rtx-5090-48gb-windows (fitted on not reported)" in n for n in summary["out_of_domain"])
 
 
 @pytest.mark.parametrize("name", ["ds4-504-per-class", "glm52-mtp-per-class"])
@@ -54,8 +58,8 @@ def test_ds4_seeds_flag_the_figures_measured_elsewhere(name):
     # No ds4 prefill timing is published: the profile's ds4 prefill figure is derived from Strata's (#658); the
     # graph encode per token was measured on a GB10 (#773)
     summary = short_run(name)
-    assert flagged(summary) == {"strata-658-prefill", "ds4-graph-encode-773"}
-    prefill = next(n for n in summary["out_of_domain"] if "strata-658-prefill" in n)
+    assert flagged(summary) == {"strata-prefill-5090", "ds4-graph-encode-773"}
+    prefill = next(n for n in summary["out_of_domain"] if "strata-prefill-5090" in n)
     encode = next(n for n in summary["out_of_domain"] if "ds4-graph-encode-773" in n)
     assert "engine ds4 (fitted on strata)" in prefill and "(fitted on dgx-spark-gb10)" in encode
 
@@ -64,6 +68,8 @@ def test_ds4_seeds_flag_the_figures_measured_elsewhere(name):
 def test_seeds_on_another_box_flag_every_record_they_read(name):
     summary = short_run(name, "rtx-4090")
     expected = SEED_RECORDS[name] - {"strata-658-h2d"}  # the 4090 profile's PCIe figures are not fitted
+    if name.startswith("strata"):
+        expected |= {STRATA_RUNTIME["rtx-4090"]}
     assert flagged(summary) == expected
     for note in summary["out_of_domain"]:
         assert "hardware rtx-4090 (fitted on " in note, note
@@ -79,9 +85,9 @@ def test_a_profile_figure_fitted_for_one_engine_is_flagged_for_another():
 
 
 def test_a_context_outside_the_key_is_flagged():
-    summary = short_run("strata-658-borrow", flags=(("max-context", 131072),))
-    notes = [n for n in summary["out_of_domain"] if "record strata-658-weights-buffers" in n]
-    assert len(notes) == 1 and "context 131072 (fitted at 262144)" in notes[0]
+    summary = short_run("ds4-504-per-class", flags=(("ctx", 65536),))
+    notes = [n for n in summary["out_of_domain"] if "record ds4-flash-buffers-503" in n]
+    assert len(notes) == 1 and "context 65536 (fitted at 32768)" in notes[0]
 
 
 def test_key_differences_name_each_part_that_differs():

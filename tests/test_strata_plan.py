@@ -357,3 +357,62 @@ def test_fork_decisions():
     lo, hi = FORK["free_range"]
     assert lo <= FREE_VRAM_BYTES < hi
     assert (round(lo / MiB, 2), round(hi / MiB, 2)) == (21500.65, 21503.19)
+
+
+# ------------------------------------------------------------------------------------------ VRAM before the cache
+
+# Strata loading logs: (box, total MiB, driver context MiB by the profiles' SM-count rule, pack, context cells,
+# K/V type, --kv-resident, the engine's "N GiB free" at sizing, record). The first four fitted the runtime
+# records; the V100 ledger (0.1.41, a 1M-token YaRN context) is held out.
+def _context_mib(sms: int) -> float:  # ggml-org/llama.cpp#23604's line: 107 MiB at 34 SMs, 555 at 188
+    return 107 + (sms - 34) * 448 / 154
+
+
+LOADING_LOGS = [
+    ("RTX 2080 Ti 11 GB, Linux", 11264, _context_mib(68), "qwen3.8-flash-next-iq3s", 262_144, "int8", 32_768, 4.15,
+     "strata-runtime-linux-cuda"),
+    ("RTX 4090 Laptop 16 GB, Linux", 16376, _context_mib(76), "qwen3.8-flash-next-iq3s", 262_144, "int8", None, 6.37,
+     "strata-runtime-linux-cuda"),
+    ("RTX 5070 Ti 16 GB, Windows", 16303, _context_mib(70), "qwen3.8-flash-next-iq3s", 65_536, "int8", 32_768, 9.07,
+     "strata-runtime-windows-cuda"),
+    ("RX 6700 XT 12 GB, ROCm", 12272, _context_mib(40), "qwen3.8-flash-next-iq2xs", 131_072, "int8", 32_768, 6.97,
+     "strata-runtime-hip"),
+    ("Tesla V100 16 GB, Linux (held out)", 16384, _context_mib(80), "qwen3.8-flash-next-iq3s", 1_048_576, "k8v4",
+     32_768, 8.17, "strata-runtime-linux-cuda"),
+]
+
+
+@pytest.mark.parametrize("box, total, context, pack, cells, kv, resident, logged_gib, record", LOADING_LOGS,
+                         ids=[row[0] for row in LOADING_LOGS])
+def test_free_vram_at_sizing_follows_the_loading_logs(box, total, context, pack, cells, kv, resident, logged_gib,
+                                                      record):
+    from sim.engine.records import record as get_record
+
+    before = (context * MiB + get_record(record).bytes() + sp.pack_weights(pack).dense_bytes
+              + sp.mtp_bytes(cells, resident) + sp.session_bytes(cells, kv, resident))
+    free = total * MiB - before
+    assert abs(free / (logged_gib * GiB) - 1) <= 0.03, f"{box}: {free / GiB:.2f} GiB free vs {logged_gib} logged"
+
+
+def test_session_bytes_follow_the_engines_own_totals():
+    # session_bytes as the engine printed it (indexed copy 71518311597: INT8 with --kv-resident 32768 at 524,288 /
+    # 131,072 / 32,768 cells; INT8 all resident at 524,288)
+    for cells, resident, gib in ((524_288, 32_768, 1.390), (131_072, 32_768, 0.728), (32_768, 32_768, 0.560),
+                                 (524_288, None, 7.189)):
+        assert sp.session_bytes(cells, "int8", resident) / GiB == pytest.approx(gib, rel=0.02)
+
+
+def test_the_draft_head_bind_follows_the_logged_figures():
+    # "+218 MiB for the draft head" (IQ3_S), "+143" (IQ2_XS), "+184" (IQ3_XXS)
+    for pack, mib in (("qwen3.8-flash-next-iq3s", 218), ("qwen3.8-flash-next-iq2xs", 143),
+                      ("qwen3.8-flash-next-iq3xxs", 184)):
+        assert sp.draft_head_bind_bytes(sp.pack_weights(pack)) / MiB == pytest.approx(mib, abs=1.5)
+
+
+def test_the_minimum_loan_of_the_pressure_floor_case():
+    # docs/PRESSURE_PREFILL_FLOOR.md: a 181-slot loan of 359.7 MiB for the 256-token minimum chunk at 65,536 cells,
+    # K/V streamed (one QSA layer's stage), an 8-slot ring, 0.1.39b's buffer count (no xn)
+    build = sp.BUILDS["v0.1.40-live"]
+    need = sp.bytes_needed(256, 8, sp.kv_stage_bytes(65_536), per_token_bytes=build.prefill_bytes_per_token,
+                           max_cells=65_536)
+    assert need / MiB == pytest.approx(359.7, rel=0.01)

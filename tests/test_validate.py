@@ -106,7 +106,7 @@ def test_tolerances_are_the_issues():
 
 def test_roles_are_derived_from_the_records_and_at_most_a_third_calibrate():
     cases = load_cases()
-    named = {r.case for r in RECORDS}
+    named = {r.case for r in RECORDS if r.case is not None}  # records fitted on other runs name no case
     for _, case in cases:
         assert case.role == ("calibration" if case.id in named else "prediction")
     assert named <= {case.id for _, case in cases}  # every record's case is a case

@@ -148,6 +148,9 @@ class Ds4:
                              f"{hw.vram_bytes / GIB:.2f} GiB")
         # compute per layer: the profile's per-token figures split by the bytes each part reads
         compute = scenario.compute
+        if compute.decode_us_per_token_layer is None:
+            raise InputError(str(hw.path or hw.name), f"compute.{scenario.compute_key}.decode_us_per_token_layer", None,
+                             "ds4's decode needs the GPU time per token and layer of this model class")
         work = ds4_plan.decode_bytes_by_layer(layout, self.family, range(len(self.layers)))
         share = work / work[: self.n_layers].sum() * self.n_layers  # mean layer = 1
         self.decode_s = compute.decode_us_per_token_layer.value * 1e-6 * share  # [layer, (other, shared, routed)]

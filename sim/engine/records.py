@@ -8,7 +8,8 @@ figures that were fitted or derived from such a run name their record (`record =
 quantity table) and are checked the same way.
 
 `case` names the validation case the record was fitted from (scenarios/validation/, docs/validation.md):
-a case with any record is a calibration case, every other case a prediction case.
+a case with any record is a calibration case, every other case a prediction case. A record fitted on other
+published runs (no validation case) names none.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Record:
     model: str  # a model-name prefix
     hardware: str  # a hardware profile name
     context: int | None  # the run's context length (tokens), where the figure depends on it
-    case: str  # the validation case the figure was fitted from
+    case: str | None  # the validation case the figure was fitted from (None: fitted on no validation case)
     source: str  # what the figure was fitted on, and how
 
     def key_differences(self, engine: str, model: str, hardware: str, context: int | None) -> list[str]:
@@ -75,33 +76,56 @@ RECORDS: tuple[Record, ...] = (
     # Flash): serial with the kernels. CPU work: its figure on another CPU is not known.
     Record("ds4-graph-encode-773", "graph_encode_ms_per_token", 10.2, "ms", "ds4", "deepseek-v4-flash",
            "dgx-spark-gb10", None, "D11", "the midpoint of encode = 9.8-10.6 ms per token (#773's token profile)"),
-    # Strata, Qwen3.8-Flash-Next IQ3_S on the #658 box: the auto cache held 10,222 slots (seed) at reserve 1536
-    # MiB with borrowing; with the scenarios' ranking any free VRAM at sizing in [21,503.19, 21,505.73) MiB gives
-    # 10,222 (strata_plan.auto_cache_free_vram_range; tests/test_strata_engine.py checks it), we take 21,504.
-    # Free = 32 GiB - runtime reserved - INT8 K/V of the 12 QSA layers and the draft layer at 262,144
-    # (strata_plan.kv_vram_bytes) - weights and buffers: the last term is fitted.
-    Record("strata-658-weights-buffers", "vram_weights_buffers", 7330.0, "MiB", "strata", "qwen3.8-flash-next",
-           "rtx-5090-48gb-windows", 262144, "seed-658",
-           "32,768 MiB - 21,504 MiB free at sizing (auto cache 10,222 slots) - 3,432 MiB INT8 K/V (13 layers x "
-           "1,056 B x 262,144) - 502 MiB runtime reserved (rtx-5090-48gb-windows.toml)"),
+    # Strata's own runtime buffers in VRAM before the cache is sized (the CUDA/HIP runtime's module images, cuBLAS
+    # and cuBLASLt handles and workspaces, small session-adjacent buffers): what Strata's loading logs leave when
+    # the card's total, its free VRAM at sizing and every other term are known (strata_plan.vram_before_cache:
+    # dense weights, the MTP draft layer and the session from the same logs), less the driver's context (the
+    # hardware profiles' SM-count rule: 206 MiB on a 68-SM 2080 Ti, 229 on a 76-SM 4090 Laptop, 212 on a 70-SM
+    # 5070 Ti, 125 on a 40-CU RX 6700 XT). None of these boxes is a validation case.
+    Record("strata-runtime-linux-cuda", "vram_runtime_buffers", 928.0, "MiB", "strata", "qwen3.8-flash-next",
+           "rtx-2080ti-11gb+rtx-4090-laptop-16gb (Linux)", None, None,
+           "the mean of 1,241 - 206 MiB (RTX 2080 Ti 11 GB, Linux, 0.1.33: '4.15 GiB free' at sizing, IQ3_S, 262K, "
+           "INT8 K/V streamed from 32,768 cells) and 1,049 - 229 MiB (RTX 4090 Laptop 16 GB, Linux, 0.1.38: '6.37 "
+           "GiB free', IQ3_S, 262K, INT8 K/V in VRAM); Strata community bench logs (indexed copy 70616566230, "
+           "bench/results/2026-10-04-community-rtx-4090-laptop @ 84f2e9f4)"),
+    Record("strata-runtime-windows-cuda", "vram_runtime_buffers", 1368.0, "MiB", "strata", "qwen3.8-flash-next",
+           "rtx-5070ti-16gb (Windows)", None, None,
+           "1,580 - 212 MiB on an RTX 5070 Ti 16 GB under Windows 11 (0.1.39: '9.07 GiB free' at sizing, IQ3_S, 64K, "
+           "INT8 K/V streamed from 32,768 cells): the runtime with the desktop and WDDM's share of the card "
+           "(bench/results/2026-10-06-community-rtx5070ti-5900x/engine.log @ a2653966)"),
+    Record("strata-runtime-hip", "vram_runtime_buffers", 181.0, "MiB", "strata", "qwen3.8-flash-next",
+           "rx-6700xt-12gb (ROCm)", None, None,
+           "306 - 125 MiB on an RX 6700 XT 12 GB under ROCm (0.1.39: '6.97 GiB free' at sizing, IQ2_XS, 131K, INT8 "
+           "K/V streamed from 32,768 cells; bench/results/2026-10-05-community-rx-6700-xt/engine.log @ 282c55e9)"),
     # The #658 box's effective host -> device rate under WDDM: strata-engine.md §6 gives "PCIe B ~ 16 GB/s
     # effective on the 5090" with no derivation; it may come from the #658 runs, so it is recorded as fitted
     # there (the hardware profile's pcie.h2d_pinned_gbps names this record).
     Record("strata-658-h2d", "pcie.h2d_pinned_gbps", 16.0, "GB/s", "strata", "qwen3.8-flash-next",
            "rtx-5090-48gb-windows", None, "seed-658", "strata-engine.md §6, effective PCIe on the #658 box"),
-    # Strata's decode on the #658 box: the median of eight 512-token decode runs, 116.9 tok/s (strata-engine.md
-    # §5.1), an all-in figure (MTP verify windows, the CPU/PCIe handling of misses) at that box's cache.
-    Record("strata-658-decode", "decode_us_per_token_layer", 178.2, "us", "strata", "qwen3.8-flash-next",
-           "rtx-5090-48gb-windows", 262144, "seed-658",
-           "8.55 ms per token (116.9 tok/s, median of the #658 decode runs) / 48 layers"),
+    # Strata's decode: the GPU's fixed time per layer of a verify window (the kernels of the dense chain, the
+    # doorbell to the host and back), beyond reading the layer's weights at 80 % of the DRAM rate. An RTX 3060 12 GB
+    # log (Swift IQ2_XS, STRATA_DECODE_TIMING): the GPU's dense chain P = 21.4 ms per window for 48 layers whose
+    # 2,941 MiB of dense weights (3,263 MiB less the 322 MiB head) take 10.7 ms at 360 GB/s x 0.8: 0.223 ms per
+    # layer. Strata's own layer-split model prices "0.33 ms on an RTX 5080" for "the per-layer round trip and
+    # kernels" (generate.cpp): less its IQ3_S dense weights' 0.095 ms at 960 GB/s x 0.8, 0.235 ms. A 3090's 0.50
+    # ms in the same comment leaves 0.40: the spread of this figure.
+    Record("strata-decode-layer-latency", "decode_layer_latency_us", 229.0, "us", "strata", "qwen3.8-flash-next",
+           "rtx-3060-12gb+rtx-5080 (logs)", None, None,
+           "the mean of 223 us (RTX 3060 decode log, indexed copies 71481068040, 70969607640: P = 21.4 ms per window) "
+           "and 235 us (generate.cpp's layer-split model: 0.33 ms per layer on an RTX 5080)"),
     # Strata's decode-window reading of a short part (<= --short-read tokens): "about 16 ms/token" (strata-engine.md
     # §3.3, a comment in generate.cpp, validation case S7); the box it was measured on is not named.
     Record("strata-short-read", "short_read_ms_per_token", 16.0, "ms", "strata", "qwen3.8-flash-next",
            "not reported", None, "S7", "generate.cpp comment: a decode window of a short part ~16 ms per token"),
-    # Strata's prompt compute on a 5090: c ~ 0.19 ms/token (strata-engine.md §6, no derivation given; it may
-    # come from the #658 runs, so it is recorded as fitted there).
-    Record("strata-658-prefill", "prefill_us_per_token_layer", 3.958, "us", "strata", "qwen3.8-flash-next",
-           "rtx-5090-48gb-windows", None, "seed-658", "0.19 ms per token / 48 layers (strata-engine.md §6)"),
+    # Strata's prompt compute per token on an RTX 5090: a community benchmark (RTX 5090 + Ryzen 9 5950X, PCIe 4.0
+    # x16, 96 GB, Windows 11; IQ3_S, 0.1.34, arena, 65,536 context) read a 14,688- and a 28,886-token prompt in one
+    # chunk each (--prefill auto:32768) at 5,406 and 6,150 tok/s: 2.717 s and 4.697 s. The slope between them is the
+    # per-token cost (attention, GEMMs of the routed rows); the per-chunk part (streaming every expert the cache
+    # lacks, reading each routed expert's weights) is simulated. 0.1.38 measured 6 % less per token (0.1316 ms).
+    Record("strata-prefill-5090", "prefill_us_per_token_layer", 2.905, "us", "strata", "qwen3.8-flash-next",
+           "rtx-5090-5950x (Windows)", None, None,
+           "(4.697 - 2.717) s / (28,886 - 14,688) tokens = 0.13945 ms per token / 48 layers (Strata bench "
+           "results 2026-10-01-community-rtx-5090-5950x, indexed copy 71558669205, IQ3_S table, 0.1.34 auto:32768)"),
 )
 
 BY_ID = {r.id: r for r in RECORDS}

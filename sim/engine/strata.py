@@ -11,8 +11,10 @@ Processes: the main thread serves a scenario's requests in order (reference/stra
 prompt chunk's layer runs a stager process (SSD faults, page-cache copies into the pinned buffers) beside it.
 
 Startup (strata_plan.py holds every rule; docs/planning.md):
-  VRAM before the cache = the driver's reservation (hardware profile) + K/V at --max-context (INT8, or only
-  the --kv-resident window) + weights and buffers (a calibration record); the cache is then sized (auto or
+  VRAM before the cache = the driver's context (hardware profile) + Strata's runtime buffers (a calibration
+  record per platform) + the pack's dense weights + the MTP draft layer + the session at --max-context (K/V of
+  every cell, or only the --kv-resident window) + a GPU vision encoder, each from Strata's own loading logs
+  (strata_plan.vram_before_cache); the cache is then sized (auto or
   --expert-cache N), filled in rank order (slot i holds pair i: the tail slots are the coldest), the loan
   planned (plan_lend with the build's pricing), the fork's independent buffers chosen, and the RAM side laid
   out (the complement of the GPU cache under available - headroom, the lend region covered from the tail).
@@ -59,11 +61,14 @@ STREAM_GROUP_BLOBS = 16                   # blobs handed on together (our event 
 # A prompt chunk's layer reads each routed expert's weights from VRAM once, however many of its tokens use it.
 WEIGHT_READ_EFFICIENCY = 0.80             # of the spec DRAM rate: llama.cpp's decode reaches 80 % of the
                                           # roofline on a 5090 under Linux (ggml-org/llama.cpp#28196, hw §1.2)
-MEASURED_CHUNK_TOKENS = 8192              # the chunk of the #658 runs behind the per-token prompt figure (seed)
 QSA_ATTENDED_CELLS = 2048                 # QSA reads ~2048 selected cells per query (§2.1)
 
 # -- decode ------------------------------------------------------------------------------------------
-PCIE_FRAC_NATIVE = 0.55                   # share of decode misses the GPU reads over PCIe, native packs (§3.1)
+QSA_EVERY = 4                             # every 4th layer is a QSA layer, the rest GDN (12 of 48; the Qwen3-Next
+                                          # family's full_attention_interval 4, hardware-and-gguf.md §4)
+QSA_POOLED_KEY_BYTES_PER_CELL = 128       # the indexer scores one 512 B pooled key per 4 cells, per query (qsa.hpp)
+MTP_DRAFT_DENSE_BYTES = 111 * MIB         # the draft layer's dense weights ("experts 675, dense 111" MiB, logs)
+DECODE_COMMIT_S = 0.5e-3                  # commit + emit after a window: 0.4-0.6 ms on 4090 / V100 decode logs
 ADAPT_MIN_USAGE = 2.0                     # adaptive tier: candidates need usage >= 2.0 (§3.1)
 ADAPT_MARGIN = 1.5                        # swap while candidate >= victim + 1.5 (§3.1)
 ADAPT_DECAY = 0.7                         # usage x 0.7 after each adapt (§3.1)
@@ -188,27 +193,29 @@ class Strata:
             max(STAGER_THREADS_MIN, min(STAGER_THREADS_MAX, int(hw.host.hardware_threads.value) // 4))
         # compute: the profile's figures (calibration records where they were fitted)
         compute = scenario.compute
-        self.decode_layer_s = compute.decode_us_per_token_layer.value * 1e-6
+        self._decode_setup(scenario, hw, layout, machine, domain)
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_layer_s = 0.0 if fixed is None else fixed.value * 1e-6
         # Prompt compute per chunk and layer = tokens x a per-token cost + the routed experts' weights read
-        # once at the GPU's DRAM rate + the profile's fixed cost per chunk. The profile's per-token figure is an
-        # all-in rate measured at 8192-token chunks, where every expert of a layer is routed: that chunk's
-        # weight read is taken out of it, so the sum gives back the measured rate there.
+        # once at the GPU's DRAM rate + the profile's fixed cost per chunk. The profile's per-token figure is the
+        # slope between one-chunk prompts of two lengths (record strata-prefill-5090): what each token adds,
+        # the per-chunk costs (these reads, the stream of the experts the cache lacks) being simulated apart.
         self.weight_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
-        full_layer_read_s = float(self.pair_blob.sum()) / self.n_layers * self.weight_read_s_per_byte
-        self.prefill_token_layer_s = max(0.0, compute.prefill_us_per_token_layer.value * 1e-6
-                                         - (full_layer_read_s + self.prefill_chunk_layer_s) / MEASURED_CHUNK_TOKENS)
-        # VRAM before the cache: derived, with one fitted term
+        self.prefill_token_layer_s = compute.prefill_us_per_token_layer.value * 1e-6
+        # VRAM before the cache: derived term by term (strata_plan.vram_before_cache)
         mem = machine.memory
-        record = domain.use("strata-658-weights-buffers", "Strata weights and buffers in VRAM")
         self.kv_cells = self.flags.kv_resident_cells
-        mem.set("vram", "runtime reserved (driver, context)", hw.runtime_reserved_bytes)
-        mem.set("vram", "weights and buffers", record.bytes())
-        mem.set("vram", "K/V cache", sp.kv_vram_bytes(self.max_context, self.kv_cells))
-        mem.set("ram", "K/V streamed from host (--kv-resident)", sp.kv_host_bytes(self.max_context, self.kv_cells))
+        self.vram_before = sp.vram_before_cache(scenario, domain)
+        for name, n_bytes in self.vram_before:
+            mem.set("vram", name, n_bytes)
+        self.draft_head_bind = sp.draft_head_bind_bytes(sp.pack_weights(layout.name))
+        if layout.name not in sp.PACK_WEIGHTS:
+            self.notices.append(f"dense weights: no Strata log of the {layout.name} pack's weights; taking "
+                                f"{sp.PACK_WEIGHTS_UNLOGGED.dense_bytes / MIB:,.0f} MiB, the mean of the logged packs")
+        mem.set("ram", "K/V streamed from host (--kv-resident)",
+                sp.kv_host_bytes(self.max_context, self.flags.kv, self.kv_cells))
         mem.set("ram", "stager pinned buffers", PINNED_STAGING_BUFFERS * self.max_blob)
-        self.vram_record = record.id
+        self.vram_record = sp.runtime_record_id(hw)
         # threads and buffers of the prompt path
         self.main = machine.threads("strata main thread")
         self.stager = machine.threads(f"strata stager ({self.stager_threads} threads)")
@@ -255,8 +262,11 @@ class Strata:
         return np.lexsort((interleaved, -counts)), True
 
     def _pricing(self, pinned_share: float) -> sp.Pricing:
-        kv_stage = sp.kv_stage_bytes(self.max_context) if self.kv_cells is not None else 0
-        return sp.Pricing(self.build, pinned_share, self.max_blob, kv_stage, self.ring_override)
+        kv_stage = sp.kv_stage_bytes(self.max_context, sp.KV_BYTES_PER_CELL_LAYER[self.flags.kv]) \
+            if sp.kv_streamed(self.max_context, self.kv_cells) else 0
+        return sp.Pricing(self.build, pinned_share, self.max_blob, kv_stage, self.ring_override,
+                          fused=self.env_vars.STRATA_PF_FUSED == "1" and self.hw.gpu.api == "cuda",
+                          max_cells=self.max_context)
 
     def _startup(self) -> None:
         hw, flags, env, build = self.hw, self.flags, self.env_vars, self.build
@@ -267,8 +277,8 @@ class Strata:
         free = mem.vram_free()
         if free < 0:  # the K/V allocation at --max-context fails before any expert slot is sized
             raise InputError(str(self.scenario.path or "scenario"), "engine.flags.max-context", self.max_context,
-                             f"Strata cannot allocate it: the driver's reservation, weights and buffers and K/V at "
-                             f"this context need {mem.used('vram') / GIB:.2f} GiB of the "
+                             f"Strata cannot allocate it: the runtime, the weights, the draft layer and the session "
+                             f"at this context need {mem.used('vram') / GIB:.2f} GiB of the "
                              f"{mem.vram_total / GIB:.2f} GiB the GPU has (lower max-context or set kv-resident)")
         self.free_at_sizing = free
         borrow = not flags.no_prefill_borrow and has_profile
@@ -295,15 +305,16 @@ class Strata:
         if flags.expert_cache == "auto":
             if build.startup_plan and not borrow:
                 owned_bytes = self.pricing.need_owned(owned_chunk)
-                cache = sp.sized_slot_walk(ranked_blobs, (max(0, free - reserve - owned_bytes) // self.max_blob)
-                                           * self.max_blob, free, reserve, owned_bytes)
+                booked = owned_bytes + self.draft_head_bind
+                cache = sp.sized_slot_walk(ranked_blobs, (max(0, free - reserve - booked) // self.max_blob)
+                                           * self.max_blob, free, reserve, booked)
             else:
                 cache = sp.auto_expert_cache(ranked_blobs, self.max_blob, free, reserve, borrowing=borrow,
-                                             owned_chunk_tokens=owned_chunk)
+                                             owned_chunk_tokens=owned_chunk, mtp_bind_bytes=self.draft_head_bind)
             how = "auto"
         else:
             cache = sp.sized_slot_walk(ranked_blobs, sp.expert_cache_budget_bytes(flags.expert_cache, self.max_blob),
-                                       free, reserve)
+                                       free, reserve, self.draft_head_bind)
             how = f"budget {flags.expert_cache} x {self.max_blob / MIB:.2f} MiB"
         shrink = sp.post_write_shrink(ranked_blobs, cache, reserve, lambda used: free - used, wddm=hw.wddm)
         cache = shrink.cache
@@ -313,6 +324,7 @@ class Strata:
         self.cache = cache
         self.slots = cache.slots
         mem.set("vram", "expert cache", cache.bytes)
+        mem.set("vram", "MTP draft head", self.draft_head_bind)  # bound after the cache, booked before it
         self.notices.append(f"expert cache: {cache.slots} slots, {cache.bytes / MIB:.0f} MiB ({how}; "
                             f"{free / MIB:.0f} MiB free at sizing, reserve {flags.vram_reserve_mib} MiB)")
         # 3: profile fill in rank order
@@ -323,13 +335,17 @@ class Strata:
         # 4: plan_lend with the build's pricing
         lend_pct = _env_int("STRATA_PREFILL_LEND_PCT", env.STRATA_PREFILL_LEND_PCT)
         candidates = sp.AUTO_CHUNKS_V0135
+        if build.auto_n and auto_cap:  # #669: the longer list, its entries above 8192 only up to auto:N
+            candidates = tuple(c for c in sp.AUTO_CHUNKS_V0139 if c <= max(sp.AUTO_CHUNK_CEILING_TOKENS, auto_cap))
         ceiling = None
         if build.grid_auto:
             ceiling = max(sp.AUTO_CHUNK_CEILING_TOKENS, min(auto_cap or 0, self.max_context))
         plan = sp.plan_lend(cache.slot_bytes, pinned_share=self.pinned_share, max_context_tokens=self.max_context,
                             explicit_chunk_tokens=explicit, candidates=candidates, max_blob_bytes=self.max_blob,
                             kv_stage=self.pricing.kv_stage, borrow=borrow, has_profile=has_profile,
-                            lend_pct_override=lend_pct, pricing=self.pricing, grid_ceiling_tokens=ceiling)
+                            lend_pct_override=lend_pct, pricing=self.pricing, grid_ceiling_tokens=ceiling,
+                            pressure_min_keep=flags.live_prefill_min_retained
+                            if build.live_memory and flags.live_prefill_min_retained < sp.MIN_KEEP_SLOTS else None)
         self.lend_plan = plan
         self.owned = plan.owned
         self.chunk = plan.chunk_tokens
@@ -655,32 +671,108 @@ class Strata:
 
     # ------------------------------------------------------------------------------------ decode
 
-    def _decode_token(self, request: int, step_no: int, row: np.ndarray, context_tokens: int):
+    def _decode_setup(self, scenario, hw, layout, machine, domain) -> None:
+        """The figures a verify window is built from (see _decode_window)."""
+        weights = sp.pack_weights(layout.name)
+        self.head_bytes = weights.head_bytes
+        self.dense_layer_bytes = (weights.dense_bytes - weights.head_bytes) / self.n_layers
+        self.gpu_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
+        self.layer_latency_s = domain.use("strata-decode-layer-latency",
+                                          "Strata's GPU time per decode layer beyond its weights").value * 1e-6
+        host = hw.host
+        # the pool: a worker per physical core but the host's, and the host thread joining each drain
+        self.pool_threads = int(host.physical_cores.value)
+        self.pool_bytes_per_s = min(self.pool_threads * host.expert_kernel_gbps.value,
+                                    host.dram_bandwidth_gbps.value) * 1e9
+        self.pool = machine.threads(f"strata expert pool ({self.pool_threads} threads)")
+        canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
+        self.pcie_frac = sp.pcie_frac(self.h2d_pinned / 1e9, canonical_q2_0)
+        self.qsa_layer = (np.arange(self.n_layers) + 1) % QSA_EVERY == 0
+        drafts = scenario.engine.drafts
+        widest = min(self.flags.spec + 2, sp.MAX_VERIFY_TOKENS) if self.flags.spec else 1
+        self.window_tokens = min(drafts.window_tokens, widest)
+        self.tokens_per_window = min(drafts.tokens_per_window, self.window_tokens)
+        # one draft step: the draft layer's dense weights and its top-k Q2_0 experts (all in VRAM), one layer's latency
+        self.draft_step_s = ((MTP_DRAFT_DENSE_BYTES + self.top_k * sp.Q2_0_BLOB_BYTES) * self.gpu_read_s_per_byte
+                             + self.layer_latency_s)
+
+    def _decode_window(self, request: int, step_no: int, rows: np.ndarray, emitted: int, context_tokens: int):
+        """One verify window of len(rows) tokens emitting `emitted` of them, layer by layer: the GPU's dense chain
+        (the layer's weights at 80 % of the DRAM rate + its fixed latency; on QSA layers the indexer's scan of every
+        cell's pooled key and the K/V blocks streamed from host RAM), then the layer's distinct routed experts: VRAM
+        hits and the PCIe share on the GPU while the CPU pool computes the other misses; the next layer waits for
+        both. Then the head, the draft steps and the commit. Booked without events: each layer's work waits only
+        on the layer before it, so the chain's end is known when it is issued."""
         m = self.m
-        cells = row.astype(np.int64) + self.layer_offsets[0]
-        cells = cells[row != MISSING]
-        hit = self.on_gpu[cells]
-        misses = cells[~hit]
-        miss_bytes = int(self.pair_blob[misses].sum())
-        file_misses = int((self.home[misses] == FILE).sum())
+        E = self.n_experts
+        pairs = (rows.astype(np.int64) + self.layer_offsets)[rows != MISSING]
+        routed = np.unique(pairs)
+        layer_of = routed // E
+        hit = self.on_gpu[routed]
+        L = self.n_layers
+        n_hit = np.bincount(layer_of[hit], minlength=L)
+        miss = routed[~hit]
+        miss_layer = layer_of[~hit]
+        n_miss = np.bincount(miss_layer, minlength=L)
+        n_pinned_miss = np.bincount(miss_layer[self.home[miss] == RAM_PINNED], minlength=L)
+        n_pcie = sp.pcie_share(n_miss, n_pinned_miss, self.pcie_frac)
+        blob = self.layer_blob.astype(np.float64)
+        cpu_bytes = (n_miss - n_pcie) * blob
         start = m.env.now
-        work = [m.gpu.hold(self.n_layers * self.decode_layer_s, 0, 0, "decode token (all-in)")]
-        if self.kv_cells is not None and context_tokens > self.kv_cells:
-            streamed = min(QSA_ATTENDED_CELLS, context_tokens - self.kv_cells)
-            work.append(m.h2d.copy(sp.QSA_LAYERS * streamed * sp.KV_STAGE_BYTES_PER_CELL_INT8, sp.QSA_LAYERS,
-                                   "K/V stream"))
-        yield m.env.all_of(work)
-        np.add.at(self.usage, cells, 1.0)
+        # the pool's misses whose blob is in no RAM tier are read from the mapped files first (page faults)
+        file_miss = miss[self.home[miss] == FILE]
+        if len(file_miss):
+            missed = file_miss[~m.page_cache.access(file_miss)]
+            drive = int(self.pair_blob[missed].sum())
+            if drive:
+                yield m.ssd.read(drive, m.ssd.fault_reads(drive), min(self.pool_threads, len(missed)))
+        T = len(rows)
+        pre = np.full(L, self.layer_latency_s + self.dense_layer_bytes * self.gpu_read_s_per_byte)
+        pre[self.qsa_layer] += T * context_tokens * QSA_POOLED_KEY_BYTES_PER_CELL * self.gpu_read_s_per_byte
+        if self.kv_cells is not None and context_tokens > self.kv_cells:  # selected blocks outside the VRAM window
+            outside = QSA_ATTENDED_CELLS * (context_tokens - self.kv_cells) / context_tokens
+            pre[self.qsa_layer] += outside * sp.KV_BYTES_PER_CELL_LAYER[self.flags.kv] / self.h2d_pinned
+        gpu_exp = (n_hit + n_pcie) * blob * self.gpu_read_s_per_byte + n_pcie * blob / self.h2d_pinned
+        cpu = cpu_bytes / self.pool_bytes_per_s
+        ready = m.env.now
+        for layer in range(L):
+            ready = m.gpu.book(pre[layer], self.dense_layer_bytes, 1, "decode dense chain", ready)
+            gpu_end = m.gpu.book(gpu_exp[layer], (n_hit[layer] + n_pcie[layer]) * blob[layer], 1,
+                                 "decode experts (VRAM hits, PCIe share)", ready)
+            if cpu[layer] > 0:
+                gpu_end = max(gpu_end, self.pool.book(cpu[layer], cpu_bytes[layer], 1, "decode misses (CPU pool)",
+                                                      ready))
+            ready = gpu_end
+        extras = (self.head_bytes * self.gpu_read_s_per_byte + (T - 1) * self.draft_step_s + DECODE_COMMIT_S)
+        end = m.gpu.book(extras, self.head_bytes, 1, "head, draft, commit", ready)
+        yield m.env.timeout(end - m.env.now)
+        np.add.at(self.usage, pairs, 1.0)
         self.rounds += 1
         inserts = d2h = h2d = file_reads = 0
         if self.rounds % self.flags.adapt_every == 0 and self.flags.adapt_swaps:
             inserts, h2d, d2h, file_reads = self._adapt()
+        pair_hits = self.on_gpu[pairs]
         self.rec.step(request=request, phase="decode", step=step_no, layer=-1, start_s=start, end_s=m.env.now,
-                      tokens=1, lookups=len(cells), hits=int(hit.sum()), inserts=inserts, evictions=inserts,
-                      h2d_bytes=int(PCIE_FRAC_NATIVE * miss_bytes) + h2d, d2h_bytes=d2h,
-                      file_read_bytes=int(self.pair_blob[misses[self.home[misses] == FILE]].sum()),
-                      file_blob_reads=file_misses + file_reads, vram_used_bytes=self._vram_used(),
-                      ram_used_bytes=self._ram_used())
+                      tokens=emitted, lookups=len(pairs), hits=int(pair_hits.sum()), inserts=inserts,
+                      evictions=inserts, h2d_bytes=int((n_pcie * blob).sum()) + h2d, d2h_bytes=d2h,
+                      file_read_bytes=int(self.pair_blob[file_miss].sum()), file_blob_reads=len(file_miss) + file_reads,
+                      vram_used_bytes=self._vram_used(), ram_used_bytes=self._ram_used())
+
+    def _decode(self, request: int, rows: np.ndarray, context_tokens: int):
+        """The decode loop: windows of window_tokens routed tokens (the next rows of the trace) that emit
+        tokens_per_window of them on average, until every output token is out."""
+        n = len(rows)
+        if not n:
+            return
+        count = int(np.ceil(n / self.tokens_per_window)) + 1
+        widths, emits = sp.spread(self.window_tokens, count), sp.spread(self.tokens_per_window, count)
+        done = step = 0
+        while done < n:
+            width = max(1, int(widths[step % count]))
+            emit = max(1, min(int(emits[step % count]), width, n - done))
+            yield from self._decode_window(request, step, rows[done: done + width], emit, context_tokens + done)
+            done += emit
+            step += 1
 
     def _adapt(self) -> tuple[int, int, int, int]:
         """Adaptive tier: per layer pair the hottest non-resident pairs (usage >= 2) with the coldest resident
@@ -849,8 +941,7 @@ class Strata:
                 refill_s += yield from self._refill(request, step_no)
             yield self.m.gpu.drained()
             prefill_end = env.now
-            for i, row in enumerate(routing.decode):
-                yield from self._decode_token(request, i, row, n + i)
+            yield from self._decode(request, routing.decode, n)
             self.live = {"conv": conv, "tokens": n + len(routing.decode)}
             self.context[conv] = n + len(routing.decode)
             log.update(pp_ms=pp_s * 1e3, refill_ms=refill_s * 1e3, prefill_ms=(prefill_end - arrival) * 1e3)
@@ -885,9 +976,9 @@ class Strata:
                           "buffer_mib": plan.buffer_bytes / MIB},
             "pinned_share": self.pinned_share,
             "ram_mode": self.flags.ram_mode,
-            "vram_before_cache_mib": (self.m.memory.get("vram", "runtime reserved (driver, context)")
-                                      + self.m.memory.get("vram", "weights and buffers")
-                                      + self.m.memory.get("vram", "K/V cache")) / MIB,
+            "vram_before_cache_mib": sum(n for _, n in self.vram_before) / MIB,
+            "vram_before_cache": {name: n / MIB for name, n in self.vram_before},
+            "draft_head_bind_mib": self.draft_head_bind / MIB,
             "vram_free_at_sizing_mib": self.free_at_sizing / MIB,
             "vram_record": self.vram_record,
             "kv_resident_cells": self.kv_cells,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, PlainValidator
+from pydantic import Field, PlainValidator, model_validator
 
 from sim.errors import InputError
 from sim.schema import Strict, count_or_keyword, digits, env_table, written
@@ -58,10 +58,22 @@ RING_OVERRIDE_MIN_SLOTS, RING_OVERRIDE_MAX_SLOTS = 16, 512   # STRATA_PREFILL_RI
 # fit of the two 96 GB measurements (0.41458 MiB = 434,722 B, 0.9 % above the 430,588 B theory).
 PREFILL_FIXED_BYTES = 163 * MIB              # [derived] fit, §4.1/§4.3
 PREFILL_BYTES_PER_TOKEN = 434_722                  # [derived] fit, §4.2
+# From 0.1.39b the buffer count leaves out the FP32 xn copy of each token (10,240 floats, 40,960 B), which the
+# fused hyper-connection read no longer allocates (prefill.cpp @ 06f7665f, bytes_needed's comment: the old count
+# "counted xn unconditionally"): the same fit less that term.
+PREFILL_XN_BYTES_PER_TOKEN = 10_240 * 4
+# The shared scratch region is max(GDN, QSA, MoE set) (§4.1); the per-token fit assumes the MoE set, which
+# dominates except for short chunks at long contexts, where QSA's block scores (256 B per context cell) and its
+# attention scratch (32 selection-wide tiles) outgrow it.
+MOE_SET_BYTES_PER_TOKEN = 234_052                  # MoE with MMQ (§4.1)
+QSA_SET_BYTES_PER_TOKEN = 117_248 + 4 * 2048       # 117,248 + 4 x cap, cap ~2048 selected cells (§4.1)
+QSA_BLOCK_SCORE_BYTES_PER_CELL = 256               # 256 x max_blocks x 4 B, max_blocks = cells / 4 + 2 (§4.1)
+QSA_ATTENTION_SCRATCH_BYTES = 26_200_000           # 32 x attn_scratch at cap 2048 (prefill.cpp @ 06f7665f)
 KV_STAGE_BYTES_PER_CELL_INT8 = 1_056               # one QSA layer's INT8 K+V per cell (§2.1, §4.1)
 
 AUTO_CHUNKS_V0135 = (8192, 6144, 4096, 3072, 2048, 1024, 512, 256)   # plan_lend's --prefill auto list (§3.3)
 INDEPENDENT_CHUNKS_FORK = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024, 512, 256)  # #658 candidates (seed)
+AUTO_CHUNKS_V0139 = INDEPENDENT_CHUNKS_FORK        # 0.1.39's --prefill auto list (vram_plan.cpp, #669)
 MIN_KEEP_SLOTS = 128                               # non-lendable floor of the cache (§3.3)
 LEND_PCT_PINNED, LEND_PCT_UNPINNED = 90, 85        # STRATA_PREFILL_LEND_PCT defaults (§3.3)
 OWNED_FALLBACK_CHUNK_TOKENS = 1024                 # nothing lendable: the prompt path owns 1024-token buffers (§3.3)
@@ -247,18 +259,31 @@ def ring_slots(chunk_tokens: int, pinned_share: float, *, ring_override_slots: i
 
 
 def kv_stage_bytes(max_context_tokens: int, bytes_per_cell: int = KV_STAGE_BYTES_PER_CELL_INT8) -> int:
-    """KV stage with --kv-resident streaming: one QSA layer's K/V at max context (264 MiB at 262,144, §4.1)."""
+    """KV stage with --kv-resident streaming: one QSA layer's K/V at max context (264 MiB of INT8 at 262,144,
+    §4.1)."""
     return _check_int("kv stage", "max_context_tokens", max_context_tokens) * bytes_per_cell
 
 
+def qsa_region_excess(chunk_tokens: int, max_cells: int) -> int:
+    """Bytes the QSA set adds over the MoE set in the shared scratch region, at a context of max_cells (0 when
+    the MoE set is the larger one, as the per-token fit assumes)."""
+    qsa = (chunk_tokens * QSA_SET_BYTES_PER_TOKEN + (max_cells // 4 + 2) * 4 * QSA_BLOCK_SCORE_BYTES_PER_CELL
+           + QSA_ATTENTION_SCRATCH_BYTES)
+    return max(0, qsa - chunk_tokens * MOE_SET_BYTES_PER_TOKEN)
+
+
 def bytes_needed(chunk_tokens: int, ring: int, kv_stage: int = 0, *,
-                 max_blob_bytes: int = IQ3S_MAX_BLOB_BYTES) -> int:
-    """Prefill::bytes_needed (v0.1.33-0.1.35, MMQ on) as the notes' affine fit (§4.2-4.3) [derived]:
-    163 MiB fixed + 434,722 B per token + ring x max_blob + KV stage."""
+                 max_blob_bytes: int = IQ3S_MAX_BLOB_BYTES, per_token_bytes: int = PREFILL_BYTES_PER_TOKEN,
+                 max_cells: int | None = None) -> int:
+    """Prefill::bytes_needed (MMQ on) as the notes' affine fit (§4.2-4.3) [derived]: 163 MiB fixed + per-token
+    bytes (434,722 B for v0.1.33-0.1.35; 0.1.39b drops the xn copy) + ring x max_blob + KV stage, plus, when the
+    context is given, what the QSA set adds over the MoE set in the shared region (short chunks, long contexts)."""
     where = "bytes_needed"
-    return (PREFILL_FIXED_BYTES + _check_int(where, "chunk_tokens", chunk_tokens, 1) * PREFILL_BYTES_PER_TOKEN
+    tokens = _check_int(where, "chunk_tokens", chunk_tokens, 1)
+    excess = 0 if max_cells is None else qsa_region_excess(tokens, _check_int(where, "max_cells", max_cells, 1))
+    return (PREFILL_FIXED_BYTES + tokens * _check_int(where, "per_token_bytes", per_token_bytes, 1)
             + _check_int(where, "ring", ring) * _check_int(where, "max_blob_bytes", max_blob_bytes, 1)
-            + _check_int(where, "kv_stage", kv_stage))
+            + _check_int(where, "kv_stage", kv_stage) + excess)
 
 
 # bytes_needed_owned (0.1.40: every cudaMalloc rounded to a 2 MiB page, ~35 of them) is left out: the
@@ -304,7 +329,8 @@ def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens
               explicit_chunk_tokens: int | None = None, candidates: Sequence[int] = AUTO_CHUNKS_V0135,
               max_blob_bytes: int = IQ3S_MAX_BLOB_BYTES, kv_stage: int = 0, borrow: bool = True,
               has_profile: bool = True, lend_pct_override: int | None = None,
-              pricing: "Pricing | None" = None, grid_ceiling_tokens: int | None = None) -> LendPlan:
+              pricing: "Pricing | None" = None, grid_ceiling_tokens: int | None = None,
+              pressure_min_keep: int | None = None) -> LendPlan:
     """plan_lend (generate.cpp, one GPU, §3.3).
 
     auto: the first c in candidates (c <= max_context) with k(c) + 128 <= slots and 100 k(c) <= LendPct x
@@ -312,6 +338,9 @@ def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens
     explicit C: halve C until k + 128 <= slots (no percentage cap); below 256 tokens -> owned 1024 (our
     choice: the notes do not say where halving stops). --no-prefill-borrow or no profile -> owned buffers
     of the explicit chunk, or 2048 tokens with auto.
+    pressure_min_keep (0.1.42's --live-prefill-min-retained N < 128, live memory): when the 128-slot floor cannot
+    fund even the 256-token loan, keep the largest prefix between N and 128 that can, and take the largest chunk
+    of the list whose loan fits beside it (docs/PRESSURE_PREFILL_FLOOR.md).
     """
     where = "plan_lend"
     slot_bytes = np.asarray(slot_bytes, dtype=np.int64)
@@ -344,19 +373,26 @@ def plan_lend(slot_bytes: np.ndarray, *, pinned_share: float, max_context_tokens
         return owned(OWNED_FALLBACK_CHUNK_TOKENS)
     if not (borrow and has_profile):
         return owned(NO_BORROW_CHUNK_TOKENS)
-    if grid_ceiling_tokens is not None:  # 0.1.39b (#583): the largest chunk on the 256-token grid that fits
-        def fits(c: int) -> int | None:
-            k = tail_slots_for(slot_bytes, need(c))
-            return k if k is not None and k + MIN_KEEP_SLOTS <= slots and k * 100 <= pct * slots else None
-
-        best = largest_grid_chunk(min(grid_ceiling_tokens, max_context_tokens), lambda c: fits(c) is not None)
-        return lent(best, fits(best)) if best else owned(OWNED_FALLBACK_CHUNK_TOKENS)
-    for c in candidates:
-        if c > max_context_tokens:
-            continue
+    def fits(c: int) -> int | None:
         k = tail_slots_for(slot_bytes, need(c))
-        if k is not None and k + MIN_KEEP_SLOTS <= slots and k * 100 <= pct * slots:
-            return lent(c, k)
+        return k if k is not None and k + MIN_KEEP_SLOTS <= slots and k * 100 <= pct * slots else None
+
+    small = next(((c, k) for c in candidates if c <= max_context_tokens for k in [fits(c)] if k is not None), None)
+    if grid_ceiling_tokens is not None and (small is None or small[0] < RING_BUDGET_FROM_CHUNK_TOKENS):
+        # 0.1.39b (#583): when the list's chunk is short, bisect the 256-token grid for the largest chunk whose
+        # loan (with the ring the byte budget gives) still fits; keep the list's chunk if that is no larger
+        best = largest_grid_chunk(min(grid_ceiling_tokens, max_context_tokens), lambda c: fits(c) is not None)
+        if best and (small is None or best > small[0]):
+            return lent(best, fits(best))
+    if small is not None:
+        return lent(*small)
+    smallest = tail_slots_for(slot_bytes, need(min(candidates)))
+    if pressure_min_keep is not None and smallest is not None and slots - smallest >= pressure_min_keep:
+        keep = min(MIN_KEEP_SLOTS, slots - smallest)
+        for c in candidates:
+            k = tail_slots_for(slot_bytes, need(c)) if c <= max_context_tokens else None
+            if k is not None and k + keep <= slots:
+                return lent(c, k)
     return owned(OWNED_FALLBACK_CHUNK_TOKENS)
 
 
@@ -604,15 +640,17 @@ def park_conversation(entries: Sequence[ParkedConversation], incoming: ParkedCon
 # change how the prompt path is priced and planned (strata-engine.md §0, §3.2, §3.3, §4.3).
 
 Q2_0_BLOB_BYTES = 1_382_400                        # the Q2_0 pack's blob: 0.1.39b's ring unit (§3.2)
-RING_BUDGET_UNITS_PINNED, RING_BUDGET_UNITS_UNPINNED = 384, 96  # 0.1.39b: "384 pinned / 96", in Q2_0 blobs (§3.2)
+RING_SLOTS_FUSED = 1024                            # 0.1.39b: "1024 fused / 384 pinned / 96" (§3.2)
+RING_CAP_NATIVE_SLOTS = 512                        # ring_cap() on native packs (prefill.cpp @ 06f7665f)
+RING_BUDGET_FROM_CHUNK_TOKENS = 6144               # ring_cap_for: a chunk of 0.1.39's list >= 6,144 keeps its ring
 STREAM_ALL_MIN_TOKENS_V0139 = 1024                 # STREAM_ALL_MIN from 0.1.39 (§3.2)
 AUTO_CHUNK_CEILING_TOKENS = 8192                   # --prefill auto's largest chunk unless auto:N asks more (vram_plan.hpp)
 OWNED_ALLOCATIONS = 35                             # 0.1.40 bytes_needed_owned: "~35 separate cudaMallocs" (§3.4)
 OWNED_PAGE_BYTES = 2 * MIB                         # ... each rounded to a 2 MiB page (§3.4)
 KV_RESIDENT_MIN_CELLS = 20480                      # --kv-resident N: "minimum 20480" (Niko1221/Strata docs/FLAGS.md)
 QSA_LAYERS = 12                                    # Qwen3.8-Flash-Next: 12 QSA sparse-attention layers hold K/V (§2.1)
-DRAFT_KV_LAYERS = 1                                # the MTP draft layer's K/V (parked with the main layers, §3.7)
-DEFAULT_MAX_CONTEXT_TOKENS = 262_144               # the #658 runs' --max-context (seed); no upstream default is in the notes
+DEFAULT_MAX_CONTEXT_TOKENS = 4096                  # Options::max_context (generate.cpp; setup.py writes larger ones)
+DEFAULT_KV = "fp16"                                # Options::kv ("setup" picks int8 above an 8K context)
 
 
 @dataclass(frozen=True)
@@ -629,12 +667,20 @@ class Build:
     live_memory: bool  # the live-memory build: loans get RAM coverage from the resident budget
     source: str
 
+    @property
+    def prefill_bytes_per_token(self) -> int:
+        """bytes_needed's per-token bytes: 0.1.39b (#583, with the ring byte budget) stopped counting xn."""
+        return PREFILL_BYTES_PER_TOKEN - (PREFILL_XN_BYTES_PER_TOKEN if self.ring_bytes else 0)
+
 
 BUILDS = {b.name: b for b in (
     Build("v0.1.35", 2048, False, False, False, False, False, False, False, False,
           "Niko1221/Strata d9ab8435 (strata-engine.md §3)"),
     Build("fork-658", 2048, False, False, False, False, False, True, True, False,
           "spideytznn/Strata on v0.1.35: proposal #658 (seed)"),
+    Build("v0.1.39", STREAM_ALL_MIN_TOKENS_V0139, False, False, True, False, False, False, False, False,
+          "0.1.39: #669 --prefill auto:N (the chunk list up to 32768, entries above 8192 only when asked for), "
+          "STREAM_ALL_MIN 1024; the ring still 384 pinned / 96"),
     Build("v0.1.39b", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, False, False, False, False, False,
           "0.1.39b: #583 ring byte budget and 256-token chunk bisection, #669 --prefill auto:N, STREAM_ALL_MIN 1024"),
     Build("v0.1.40", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, False,
@@ -655,18 +701,29 @@ class Pricing:
     max_blob_bytes: int
     kv_stage: int = 0
     ring_override_slots: int | None = None
+    fused: bool = False  # STRATA_PF_FUSED: the fused int8 experts (CUDA), whose ring is 1,024 slots
+    max_cells: int | None = None  # --max-context: the QSA set's share of the scratch region
 
     def ring(self, chunk_tokens: int) -> int:
+        """ring_slots(T): below STREAM_ALL_MIN the 8-slot stage; STRATA_PREFILL_RING wins; up to 0.1.39 384 slots
+        (pinned) or 96. 0.1.39b (#583) keeps 0.1.39's ring for chunks of 6,144 tokens and more (ring_cap_for) and
+        otherwise sizes a pinned ring as a byte budget of 384 Q2_0 blobs; the unpinned ring keeps its measured
+        96. The fused experts (STRATA_PF_FUSED) take 1,024 where 384 would be, capped at 512 on native packs."""
         if not self.build.ring_bytes or chunk_tokens < self.build.stream_all_min_tokens:
             return ring_slots(chunk_tokens, self.pinned_share, ring_override_slots=self.ring_override_slots,
                               stream_all_min_tokens=self.build.stream_all_min_tokens)
         if self.ring_override_slots is not None:
             return min(max(self.ring_override_slots, RING_OVERRIDE_MIN_SLOTS), RING_OVERRIDE_MAX_SLOTS)
-        units = RING_BUDGET_UNITS_PINNED if self.pinned_share >= PINNED_SHARE_THRESHOLD else RING_BUDGET_UNITS_UNPINNED
-        return max(1, units * Q2_0_BLOB_BYTES // self.max_blob_bytes)
+        if self.pinned_share < PINNED_SHARE_THRESHOLD:
+            return RING_SLOTS_UNPINNED
+        units = RING_SLOTS_FUSED if self.fused else RING_SLOTS_PINNED
+        if chunk_tokens >= RING_BUDGET_FROM_CHUNK_TOKENS:
+            return min(units, RING_CAP_NATIVE_SLOTS)
+        return max(1, min(RING_CAP_NATIVE_SLOTS, units * Q2_0_BLOB_BYTES // self.max_blob_bytes))
 
     def need(self, chunk_tokens: int) -> int:
-        return bytes_needed(chunk_tokens, self.ring(chunk_tokens), self.kv_stage, max_blob_bytes=self.max_blob_bytes)
+        return bytes_needed(chunk_tokens, self.ring(chunk_tokens), self.kv_stage, max_blob_bytes=self.max_blob_bytes,
+                            per_token_bytes=self.build.prefill_bytes_per_token, max_cells=self.max_cells)
 
     def need_owned(self, chunk_tokens: int) -> int:
         """Owned buffers: the same bytes, plus (0.1.40) each allocation rounded to its 2 MiB page; the
@@ -675,18 +732,173 @@ class Pricing:
         return self.need(chunk_tokens) + extra
 
 
-def kv_vram_bytes(max_context_tokens: int, kv_resident_cells: int | None) -> int:
-    """INT8 K/V in VRAM: 1,056 B per cell (§2.1) for every QSA layer and the draft layer at --max-context; with
-    --kv-resident N only N cells of each QSA layer stay in VRAM (the rest lives in host RAM)."""
-    cells = max_context_tokens if kv_resident_cells is None else min(kv_resident_cells, max_context_tokens)
-    return (QSA_LAYERS * cells + DRAFT_KV_LAYERS * max_context_tokens) * KV_STAGE_BYTES_PER_CELL_INT8
+# ------------------------------------------------------------------------------------------ VRAM before the cache
+#
+# What Strata holds in VRAM when it sizes the expert cache: cudaMemGetInfo is read "after weights, session,
+# drafter, head" (vram_plan.hpp @ 0cb61d22, free_bytes), and an auto cache gets free - --vram-reserve-mib - the
+# draft head's bind (it is allocated after the cache, but booked before it). Every term below is read from
+# Strata's own loading logs on boxes that are not validation cases (the research notes behind this module's
+# history; sources per figure), except the runtime's own buffers, a calibration record per platform.
 
 
-def kv_host_bytes(max_context_tokens: int, kv_resident_cells: int | None) -> int:
-    """Pinned host RAM of --kv-resident streaming: every QSA layer's cells beyond the resident N."""
-    if kv_resident_cells is None:
+@dataclass(frozen=True)
+class PackWeights:
+    """The dense weights a pack loads to VRAM: the pack's canonical tensors (norms, BF16 routers and gates,
+    hyper-connection and PLE projections, FP32 GDN/QSA tensors), the natively served projections (36 GDN x
+    3 + 12 QSA x 4 + 48 shared-expert matrices) and the output head; the token embedding (mapped host memory)
+    and the PLE n-gram table (read from the drive) stay off the GPU."""
+
+    dense_bytes: int
+    head_bytes: int  # the native output head (248,320 rows): the draft head binds a subset of its rows
+    source: str
+
+
+CANONICAL_PACK_MIB = 1466                          # "1466 MiB of weights loaded" on every GSQ-RCO pack logged
+PACK_WEIGHTS = {
+    "qwen3.8-flash-next-iq3s": PackWeights(
+        int((CANONICAL_PACK_MIB + 2018.88) * MIB) + 521_472_000, 521_472_000,
+        "[M] Strata engine logs (bench/results/2026-10-06-community-rtx5070ti-5900x/engine.log @ a2653966, "
+        "2026-10-04-community-rtx-4090-laptop @ 84f2e9f4): 1,466 MiB pack weights + 2,018.88 MiB native "
+        "projections + a 521,472,000 B native head = 3,982 MiB"),
+    "qwen3.8-flash-next-iq2xs": PackWeights(
+        int((CANONICAL_PACK_MIB + 1474.85) * MIB) + 337_715_200, 337_715_200,
+        "[M] Strata engine log (bench/results/2026-10-05-community-rx-6700-xt/engine.log @ 282c55e9): 1,466 + "
+        "1,474.85 MiB + a 337,715,200 B head = 3,263 MiB"),
+    "qwen3.8-flash-next-iq3xxs": PackWeights(
+        int((CANONICAL_PACK_MIB + 1781.11) * MIB) + 437_043_200, 437_043_200,
+        "[M from another pack] the Swift 1.5 IQ3_XXS pack's logs (a V100 ledger and an A4500 log, indexed copies "
+        "70762382992, 71284340493): 1,466 + 1,781.11 MiB + a 437,043,200 B head = 3,664 MiB; no log of the "
+        "GSQ-RCO IQ3_XXS pack"),
+}
+# No log of the Q2_0 canonical pack or the Huihui IQ3_S/IQ4_NL pack: the mean of the three logged packs.
+_MEAN_DENSE = sum(w.dense_bytes for w in PACK_WEIGHTS.values()) // len(PACK_WEIGHTS)
+_MEAN_HEAD = sum(w.head_bytes for w in PACK_WEIGHTS.values()) // len(PACK_WEIGHTS)
+PACK_WEIGHTS_UNLOGGED = PackWeights(_MEAN_DENSE, _MEAN_HEAD, "[E] no log of this pack's weights: the mean of the "
+                                    "three logged GSQ-RCO packs (IQ3_S 3,982, IQ2_XS 3,263, IQ3_XXS 3,664 MiB)")
+VOCAB_ROWS = 248_320                               # Qwen3.8-Flash-Next vocabulary (§2.1)
+DRAFT_HEAD_ROWS_CJK = 106_299                      # the MTP draft head's default token subset ("+218 MiB" on IQ3_S)
+DRAFT_HEAD_BIND_MARGIN_MIB = 5                     # bind = the subset's head rows + ~5 MiB (218 = 212.9 + 5, logs)
+MTP_DRAFT_LAYER_BYTES = (675 + 111) * MIB          # "draft layer loaded, 835 MiB of VRAM (experts 675, dense 111)"
+MTP_KV_BYTES_PER_CELL = 1_184                      # the draft layer's K/V: 1,098 - 795 MiB over 262,144 - 4,096 cells
+MTP_WINDOW_CELLS = 32_768                          # with K/V streaming the draft keeps a 32,768-cell ring (Options)
+SESSION_FIXED_BYTES = 121 * MIB                    # GDN states (36 x 3.117 MiB) + ~9 MiB: session_bytes at 0 cells
+SESSION_BYTES_PER_CELL = 1_804                     # indexer pooled keys 12 x 128 + RoPE table 256 + page tables ~12
+KV_BYTES_PER_CELL_LAYER = {                        # one QSA layer's K+V per cell (2 KV heads x 256)
+    "int8": 1_056,                                 # kv_q8.hpp: 1,024 B + FP16 group scales (§2.1)
+    "fp16": 2_048,                                 # 2 x 2 x 256 x 2 B
+    "k8v4": 816,                                   # §2.1
+    "q4_0": 576,                                   # [derived] GGML Q4_0: 18 B per 32 values, 1,024 values
+}
+GPU_VISION_BYTES = 1004 * MIB                      # "8.67 GiB free" vs "7.69 GiB" with the GPU vision encoder (5060 Ti logs)
+
+
+def pack_weights(model_name: str) -> PackWeights:
+    return PACK_WEIGHTS.get(model_name, PACK_WEIGHTS_UNLOGGED)
+
+
+def draft_head_bind_bytes(weights: PackWeights) -> int:
+    """The MTP draft head's rows (the default CJK subset of the native head) + the bind margin."""
+    return weights.head_bytes * DRAFT_HEAD_ROWS_CJK // VOCAB_ROWS + DRAFT_HEAD_BIND_MARGIN_MIB * MIB
+
+
+def kv_streamed(max_context_tokens: int, kv_resident_cells: int | None) -> bool:
+    return kv_resident_cells is not None and kv_resident_cells < max_context_tokens
+
+
+def mtp_bytes(max_context_tokens: int, kv_resident_cells: int | None) -> int:
+    """The MTP draft layer (its Q2_0 experts and dense weights) and its K/V: every cell of the context, or a
+    32,768-cell ring when the K/V is streamed."""
+    cells = min(max_context_tokens, MTP_WINDOW_CELLS) if kv_streamed(max_context_tokens, kv_resident_cells) \
+        else max_context_tokens
+    return MTP_DRAFT_LAYER_BYTES + cells * MTP_KV_BYTES_PER_CELL
+
+
+def session_bytes(max_context_tokens: int, kv: str, kv_resident_cells: int | None) -> int:
+    """session_bytes(g, max_context, K), allocated at startup for the whole --max-context: GDN states, the
+    indexer's pooled keys, RoPE and page tables for every cell, and the K/V of the 12 QSA layers for every cell
+    (or only --kv-resident cells when the K/V is streamed from host RAM)."""
+    resident = max_context_tokens if kv_resident_cells is None else min(kv_resident_cells, max_context_tokens)
+    return (SESSION_FIXED_BYTES + max_context_tokens * SESSION_BYTES_PER_CELL
+            + resident * QSA_LAYERS * KV_BYTES_PER_CELL_LAYER[kv])
+
+
+def kv_host_bytes(max_context_tokens: int, kv: str, kv_resident_cells: int | None) -> int:
+    """Pinned host RAM of K/V streaming: the whole K/V ("the K/V in 6.19 GiB of pinned RAM" at 524,288 INT8
+    cells); none when it all stays in VRAM."""
+    if not kv_streamed(max_context_tokens, kv_resident_cells):
         return 0
-    return QSA_LAYERS * max(0, max_context_tokens - kv_resident_cells) * KV_STAGE_BYTES_PER_CELL_INT8
+    return max_context_tokens * QSA_LAYERS * KV_BYTES_PER_CELL_LAYER[kv]
+
+
+def runtime_record_id(profile) -> str:
+    """The calibration record of Strata's runtime buffers on this platform (sim/engine/records.py)."""
+    if profile.gpu.api == "hip":
+        return "strata-runtime-hip"
+    return "strata-runtime-windows-cuda" if profile.os == "windows" else "strata-runtime-linux-cuda"
+
+
+def vram_before_cache(scenario, domain) -> tuple[tuple[str, int], ...]:
+    """What VRAM holds when Strata reads free memory to size its cache, by name (bytes): the driver's context
+    (the hardware profile), Strata's runtime buffers (a record), the pack's dense weights, the MTP draft layer,
+    the session at --max-context and a GPU vision encoder. The draft head's bind is booked at sizing too
+    (draft_head_bind_bytes), beside the reserve."""
+    profile, flags = scenario.hardware_profile, scenario.engine.flags
+    runtime = domain.use(runtime_record_id(profile), "Strata's runtime buffers in VRAM")
+    cells = flags.kv_resident_cells
+    items = [("runtime reserved (driver, context)", profile.runtime_reserved_bytes),
+             ("runtime buffers (modules, cuBLAS)", runtime.bytes()),
+             ("dense weights", pack_weights(scenario.layout.name).dense_bytes),
+             ("MTP draft layer", mtp_bytes(flags.max_context, cells)),
+             ("session (K/V, indexer keys, RoPE)", session_bytes(flags.max_context, flags.kv, cells))]
+    if flags.vision == "gpu":
+        items.append(("GPU vision encoder", GPU_VISION_BYTES))
+    return tuple(items)
+
+
+# ------------------------------------------------------------------------------------------ decode
+#
+# A decode step is a verify window: the MTP draft proposes tokens, one CUDA graph runs the window's T tokens through
+# the 48 layers, and the window emits the accepted drafts + 1 (verify.cpp @ 0165063d). Per layer the GPU runs the
+# dense chain, then the host plans each distinct routed expert: a VRAM hit, a PCIe read by the GPU (a share of the
+# misses whose blob is in pinned RAM), or the CPU expert pool; the GPU's hits and PCIe share run while the pool
+# computes its misses, and the next layer waits for both (expert_pool_dispatch_multi).
+
+PCIE_FRAC_NATIVE = 0.55                            # default share of the misses read over PCIe, native packs
+PCIE_FRAC_CANONICAL_Q2_0 = 0.2                     # the canonical Q2_0 pack's fixed share ("never measured against the link")
+PCIE_PROBE_FULL_GBPS = 20.0                        # probe >= 20 GB/s: the full default share
+PCIE_PROBE_NONE_GBPS = 4.0                         # probe < 4 GB/s: no PCIe share
+PCIE_PROBE_SCALE_GBPS = 26.0                       # between: base x bw / 26 ("measured on x16 links (~26-28 GB/s)")
+PCIE_FRAC_FLOOR = 0.05                             # ... but at least 0.05
+PCIE_SHARE_UNITS = 256                             # m = floor(nmiss x round(256 f) / 256)
+PCIE_STAGING_BLOBS = 16                            # kStagingBlobs: at most 16 PCIe blobs per window layer
+MAX_VERIFY_TOKENS = 8                              # kVerifyMaxT: a verify window's tokens (o.spec = min(spec + 2, 8))
+
+
+def pcie_frac(probe_gbps: float, canonical_q2_0: bool) -> float:
+    """--pcie-frac when not given (generate.cpp probe_pcie_h2d_gbps): 0.2 for the canonical Q2_0 pack; for native
+    packs 0.55 at >= 20 GB/s, none below 4 GB/s, else min(0.55, max(0.05, 0.55 x bw / 26))."""
+    if canonical_q2_0:
+        return PCIE_FRAC_CANONICAL_Q2_0
+    if probe_gbps >= PCIE_PROBE_FULL_GBPS:
+        return PCIE_FRAC_NATIVE
+    if probe_gbps < PCIE_PROBE_NONE_GBPS:
+        return 0.0
+    return min(PCIE_FRAC_NATIVE, max(PCIE_FRAC_FLOOR, PCIE_FRAC_NATIVE * probe_gbps / PCIE_PROBE_SCALE_GBPS))
+
+
+def pcie_share(misses: np.ndarray, pinned_misses: np.ndarray, frac: float) -> np.ndarray:
+    """Per layer, how many of its distinct missed experts the GPU reads over PCIe: floor(nmiss x round(256 f) /
+    256), at most the 16 staging blobs, and only blobs in pinned host memory."""
+    num = round(PCIE_SHARE_UNITS * frac)
+    m = (np.asarray(misses, np.int64) * num) // PCIE_SHARE_UNITS
+    return np.minimum(np.minimum(m, PCIE_STAGING_BLOBS), np.asarray(pinned_misses, np.int64))
+
+
+def spread(mean: float, count: int) -> np.ndarray:
+    """`count` whole numbers whose running sum follows count x mean as closely as whole numbers can (a window of
+    2.8 tokens on average: 3, 3, 2, 3, 3, ...)."""
+    edges = np.floor(np.arange(count + 1) * mean + 0.5).astype(np.int64)
+    return np.diff(edges)
 
 
 # ------------------------------------------------------------------------------------------ knobs
@@ -698,6 +910,7 @@ ENV_NAMES = (
     "STRATA_PREFILL_OWN_AUTO",  # fork-658: "0" turns the independent-buffer choice off (default on)
     "STRATA_RESIDENT_HEADROOM_GIB",  # RAM headroom of the resident modes (default 4 GiB, 8 otherwise)
     "STRATA_PREFILL_RING", "STRATA_PREFILL_LEND_PCT", "STRATA_STAGER_THREADS", "STRATA_ARENA_PIN_GIB",
+    "STRATA_PF_FUSED",  # "1": the fused int8 expert kernels (CUDA), whose prompt ring is 1,024 slots (capped at 512)
 )
 Env = env_table("StrataEnv", "strata environment variable", ENV_NAMES)
 # How the engine parses each value (strata-engine.md §3): the kind and the least value it accepts. Checked when
@@ -705,7 +918,7 @@ Env = env_table("StrataEnv", "strata environment variable", ENV_NAMES)
 ENV_VALUES: dict[str, tuple[type, float]] = {
     "STRATA_PREFILL_OWN_AUTO": (int, 0), "STRATA_RESIDENT_HEADROOM_GIB": (float, 0),
     "STRATA_PREFILL_RING": (int, 0), "STRATA_PREFILL_LEND_PCT": (int, 0), "STRATA_STAGER_THREADS": (int, 1),
-    "STRATA_ARENA_PIN_GIB": (float, 0),
+    "STRATA_ARENA_PIN_GIB": (float, 0), "STRATA_PF_FUSED": (int, 0),
 }
 
 
@@ -744,8 +957,12 @@ class Flags(Strict):
     resident_experts: bool = Field(False, alias="resident-experts")
     resident_budget_gib: Annotated[float, Field(gt=0)] | None = Field(None, alias="resident-budget-gib")
     max_context: Annotated[int, Field(ge=256)] = Field(DEFAULT_MAX_CONTEXT_TOKENS, alias="max-context")
+    kv: Literal["fp16", "int8", "k8v4", "q4_0"] = DEFAULT_KV  # the K/V cache's type
     # N cells of each QSA layer's K/V in VRAM, the rest in pinned host RAM (KV streaming); unset: all in VRAM
     kv_resident: Annotated[int, Field(ge=1)] | None = Field(None, alias="kv-resident")
+    # The vision encoder: none, on the CPU, or on the GPU (it starts before the engine, so its VRAM is taken
+    # when the cache is sized)
+    vision: Literal["none", "cpu", "gpu"] = "none"
     conversation_cache_mib: Annotated[int, Field(ge=0)] = Field(0, alias="conversation-cache-mib")  # 0 = off
     conversation_cache_slots: Annotated[int, Field(ge=1)] = Field(4, alias="conversation-cache-slots")
     conversation_cache_min_free_mib: Annotated[int, Field(ge=0)] = Field(2560, alias="conversation-cache-min-free-mib")
@@ -754,6 +971,11 @@ class Flags(Strict):
     adapt_every: Annotated[int, Field(ge=1)] = Field(4, alias="adapt-every")
     adapt_swaps: Annotated[int, Field(ge=0)] = Field(96, alias="adapt-swaps")
     short_read: Annotated[int, Field(ge=0)] = Field(64, alias="short-read")
+    # --live-prefill-min-retained N (0..128, live memory): the slots a prompt loan may leave unlent under pressure
+    live_prefill_min_retained: Annotated[int, Field(ge=0, le=128)] = Field(128, alias="live-prefill-min-retained")
+    # --spec: MTP draft tokens per verify window; with prompt lookup (on by default) the window widens by 2, to at
+    # most 8 (o.spec = min(spec + 2, 8))
+    spec: Annotated[int, Field(ge=0, le=8)] = 4
 
     @property
     def ram_mode(self) -> str:
@@ -767,12 +989,32 @@ class Flags(Strict):
         return None if self.kv_resident is None else max(self.kv_resident, KV_RESIDENT_MIN_CELLS)
 
 
+class Drafts(Strict):
+    """How the MTP draft fares on the workload's text: the tokens a verify window runs and the tokens it emits (the
+    accepted drafts + 1), on average. Not engine flags: they depend on the text and the draft model. Defaults:
+    "2.4-3.2 tokens per pass on average" (Strata docs/DETAILS.md @ 0173fc46, the middle) and a window of 3 tokens
+    (2.85 on a 2 x RTX 4090 decode timing log, indexed copy 71542003190; --spec-min-p 0.5 grows a window only while
+    the draft is confident)."""
+
+    KEY_KIND: ClassVar[str] = "strata draft key"
+    window_tokens: Annotated[float, Field(ge=1, le=8)] = 3.0
+    tokens_per_window: Annotated[float, Field(ge=1, le=8)] = 2.8
+
+    @model_validator(mode="after")
+    def _accepted_within_window(self) -> "Drafts":
+        if self.tokens_per_window > self.window_tokens:
+            raise ValueError(f"tokens_per_window {self.tokens_per_window} > window_tokens {self.window_tokens}: a "
+                             "window emits at most the tokens it verified")
+        return self
+
+
 class Settings(Strict):
     KEY_KIND: ClassVar[str] = "strata engine key"
     name: Literal["strata"]
-    variant: Literal["v0.1.35", "fork-658", "v0.1.39b", "v0.1.40", "v0.1.40-live"]
+    variant: Literal["v0.1.35", "fork-658", "v0.1.39", "v0.1.39b", "v0.1.40", "v0.1.40-live"]
     flags: Flags = Field(default_factory=Flags)
     env: Env = Field(default_factory=Env)
+    drafts: Drafts = Field(default_factory=Drafts)
 
 
 # Strata's kernels are built for one geometry (compile-time constants checked against the model,
@@ -813,6 +1055,10 @@ def validate(scenario, where: str) -> None:
         raise InputError(where, "engine.flags.prefill", flags.prefill,
                          f"{engine.variant} does not parse auto:N (upstream #669 came with 0.1.39): use auto, a "
                          "chunk, or variant v0.1.39b or later")
+    if flags.live_prefill_min_retained != MIN_KEEP_SLOTS and not build.live_memory:
+        raise InputError(where, "engine.flags.live-prefill-min-retained", flags.live_prefill_min_retained,
+                         f"a live-memory option (docs/PRESSURE_PREFILL_FLOOR.md); variant {engine.variant} has no "
+                         "live memory")
     if build.live_memory and (flags.resident_budget_gib is None or flags.expert_profile is None):
         raise InputError(where, "engine.variant", engine.variant,
                          "live memory needs --resident-budget-gib and an --expert-profile (docs/LIVE_MEMORY.md)")
@@ -886,12 +1132,14 @@ def prune(scenario) -> str | None:
     """Why a candidate cannot fit before it runs: the reserve exceeds the VRAM free at sizing."""
     from sim.engine.records import Domain
 
-    profile, flags = scenario.hardware_profile, scenario.engine.flags
-    record = Domain("strata", scenario.layout.name, profile.name, None).use("strata-658-weights-buffers")
-    before = profile.runtime_reserved_bytes + record.bytes() + kv_vram_bytes(flags.max_context, flags.kv_resident_cells)
+    profile, layout = scenario.hardware_profile, scenario.layout
+    flags = scenario.engine.flags
+    before = sum(n for _, n in vram_before_cache(scenario, Domain("strata", layout.name, profile.name, None)))
+    bind = draft_head_bind_bytes(pack_weights(layout.name))
     free = profile.vram_bytes - before
-    if flags.vram_reserve_mib * MIB >= free:
-        return f"reserve {flags.vram_reserve_mib} MiB >= {free / MIB:,.0f} MiB free at sizing: no expert cache"
+    if flags.vram_reserve_mib * MIB + bind >= free:
+        return (f"reserve {flags.vram_reserve_mib} MiB + the draft head's {bind / MIB:,.0f} MiB >= {free / MIB:,.0f} "
+                "MiB free at sizing: no expert cache")
     return None
 
 

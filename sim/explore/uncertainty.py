@@ -40,6 +40,10 @@ RULES: tuple[tuple[str, float, float, str], ...] = (
      "AIDA64 read reaches 62 of 96 GB/s on one dual-channel DDR5 desktop (hw §2.2); other boards and DIMMs reach "
      "55-85 % of peak"),
     ("host.hardware_threads", 0.5, 2.0, "the CPU is not reported: half to twice the assumed thread count"),
+    ("host.physical_cores", 0.5, 2.0, "the CPU is not reported: half to twice the assumed core count"),
+    ("host.expert_kernel_gbps", 0.46, 2.16,
+     "Strata's pool drains 2.64 GB/s per AVX2 core (an i5, IQ2_XS) to 5.7 per AVX-512 Zen 4 core (Q2_0) in its logs: "
+     "either end for a CPU whose kernels are not measured"),
     ("host.memcpy_gbps", 0.58, 1.1,
      "single-thread copies out of the page cache: 8.37 GB/s measured on the H200 host (h200.toml) to 16 GB/s "
      "copied on a desktop DDR5 (JustVugg/colibri#537); the estimates use 14.5"),
@@ -63,7 +67,7 @@ RULES: tuple[tuple[str, float, float, str], ...] = (
     ("unified.copy_fixed_latency_us", 0.5, 2.0, "3-6 us per copy assumed (hw §0 rule 2)"),
     ("unified.gpu_allocatable_gib", 0.85, 1.0, "the share the GPU may hold is a driver/OS setting, at most the pool"),
 )
-INTEGER_INPUTS = ("host.hardware_threads",)
+INTEGER_INPUTS = ("host.hardware_threads", "host.physical_cores")
 SSD_TABLE = "ssd.read_gbps_by_queue_depth"  # its points must keep rising with the queue depth: one factor for all
 
 

@@ -39,6 +39,7 @@ GiBsOrZero = quantity("GiB", ge=0)
 MiBs = quantity("MiB", ge=0)
 KiBs = quantity("KiB", gt=0)
 Threads = quantity("threads", ge=1)
+Cores = quantity("cores", ge=1)
 # One point of the SSD table: the read bandwidth reached at `queue_depth` requests in flight.
 SsdPoint = quantity("GB/s", gt=0, extra=(("queue_depth", Annotated[int, Field(ge=1)]),))
 
@@ -48,6 +49,8 @@ SsdPoint = quantity("GB/s", gt=0, extra=(("queue_depth", Annotated[int, Field(ge
 
 class Gpu(Strict):
     model: str = Field(min_length=1)
+    # The GPU programming interface the engines run on it: CUDA (NVIDIA), HIP (AMD ROCm) or Metal (Apple).
+    api: Literal["cuda", "hip", "metal"] = "cuda"
     vram_gib: GiBs | None = None  # device memory; absent on unified memory (the pool is host.ram_gib)
     dram_bandwidth_gbps: GBps  # spec DRAM bandwidth: what decode compute scales with
     # What the driver and the runtime (CUDA/HIP/Metal context, WDDM's reservation) hold before the engine
@@ -58,6 +61,11 @@ class Gpu(Strict):
 class Host(Strict):
     cpu: str = Field(min_length=1)
     hardware_threads: Threads  # what engines size their thread pools from (Strata's stagers: hw / 4)
+    # cores, not SMT threads: Strata's expert pool runs a worker on every core but its host thread's, which joins
+    physical_cores: Cores
+    # Expert weights one core's dequantize-and-dot kernel consumes per second in an engine's CPU expert pool
+    # (Strata computes decode misses there): the pool's rate is this x its threads, at most the DRAM rate.
+    expert_kernel_gbps: GBps
     ram_gib: GiBs  # host RAM; on unified memory the whole pool the GPU shares
     # RAM the OS, its desktop and other processes hold while the engine runs: neither the engine nor the
     # page cache can have it.
@@ -122,7 +130,8 @@ class Compute(Strict):
     """GPU time per token and per routed layer for one model class (attention, shared and routed experts
     already resident on the GPU; transfers are simulated separately)."""
 
-    decode_us_per_token_layer: Micros
+    # ds4's decode; Strata's decode is built from its parts (sim/engine/strata.py), so its tables have none
+    decode_us_per_token_layer: Micros | None = None
     prefill_us_per_token_layer: Micros
     # A batched prompt chunk's fixed cost per layer (kernel launches, per-chunk setup), on top of the
     # per-token cost: short chunks pay it over fewer tokens. Unset = 0, the per-token figure is all-in.

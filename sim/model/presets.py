@@ -108,6 +108,14 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
             recipe=lambda block: ("IQ2_XXS", "IQ2_XXS", "Q2_0" if block in (0, 47) else "IQ4_NL"),
             fused_gate_up=True),
+    # IQ2_XS (GSQ-RCO) pack: "34 GB experts.bin" and 12,702 slots = 17.02 GiB (1.372 MiB per hot slot) in the
+    # S10 report (indexed copy 70653081590); per-layer types not published. Stand-in: IQ2_XS gate/up + Q2_0 down
+    # (640-weight rows hold no 256-weight block) in every layer: 1,408,000 B = 1.343 MiB, 34.6 GB for 24,576 blobs.
+    _layout("qwen3.8-flash-next-iq2xs",
+            "S10 report (IQ2_XS native pack, 34 GB experts.bin, 17.02 GiB for 12,702 slots); IQ2_XS gate/up + Q2_0 "
+            "down in every layer: a stand-in for the unpublished per-layer types",
+            n_blocks=48, n_experts=512, top_k=10, n_shared=1, hidden=2560, expert_width=640,
+            recipe=_uniform("IQ2_XS", "Q2_0"), fused_gate_up=True),
     # Huihui IQ3_S/IQ4_NL pack: 2.2217 MiB per slot (1,900 slots = 4,221 MiB, strata-engine.md §2.2) = IQ3_S
     # gate/up + IQ4_NL down in every layer (2,329,600 B = 2.2217 MiB).
     _layout("qwen3.8-flash-next-huihui-iq3s",

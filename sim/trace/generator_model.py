@@ -76,6 +76,25 @@ def _r0_for_entropy(e: int, beta: float, target: float) -> float:
     return math.exp(0.5 * (lo + hi))
 
 
+def coverage_popularity(points, n_layers: int, n_experts: int) -> np.ndarray:
+    """One layer's popularity by rank from a measured coverage curve: the share of all routed lookups held by
+    the hottest N (layer, expert) pairs, at a few N. Every layer holds 1 / n_layers of the lookups (each routes
+    k per token) and follows the same curve, so rank r of a layer spans global ranks r*L .. (r+1)*L. Between
+    the points the curve is linear (0 at 0 pairs, 1 at all pairs): the pairs of a stretch are equally hot,
+    all that the points say. Raises when the points do not make a concave curve (a hotter pair after a
+    colder one)."""
+    total = n_layers * n_experts
+    xs = np.array([0.0] + [float(x) for x, _ in points] + [float(total)])
+    ys = np.array([0.0] + [float(y) for _, y in points] + [1.0])
+    slopes = np.diff(ys) / np.diff(xs)
+    if not (np.all(np.diff(xs) > 0) and np.all(slopes > 0) and np.all(np.diff(slopes) <= 0)):
+        raise InputError("generator preset", "popularity.points", [list(p) for p in points],
+                         f"must rise and flatten: increasing pair counts below {total} and shares below 1 whose "
+                         "increments per pair never grow")
+    edges = np.interp(np.arange(n_experts + 1, dtype=float) * n_layers, xs, ys)
+    return np.diff(edges) / edges[-1]
+
+
 def _rank_popularity(spec: dict, geo: _Geometry, hash_layers: set[int], seed: int) -> tuple[np.ndarray, dict]:
     """[layers, n_experts] popularity by rank (descending), plus the per-layer parameters used."""
     pop = spec["popularity"]
@@ -119,8 +138,13 @@ def _rank_popularity(spec: dict, geo: _Geometry, hash_layers: set[int], seed: in
         for layer in range(n):
             r0[layer] = _r0_for_entropy(e, pop["beta"], float(targets[layer]))
         used = dict(entropy_targets=[round(float(x), 4) for x in targets])
+    elif pop["kind"] == "coverage":
+        p_layer = coverage_popularity(pop["points"], n, e)
+        used = dict(coverage_points=[list(pt) for pt in pop["points"]])
+        return np.tile(p_layer, (n, 1)), used
     else:
-        raise InputError("generator preset", "popularity.kind", pop["kind"], "must be 'derived' or 'generic'")
+        raise InputError("generator preset", "popularity.kind", pop["kind"],
+                         "must be 'derived', 'generic' or 'coverage'")
     p = np.full((n, e), 1.0 / e)
     for layer in range(n):
         if not math.isnan(beta[layer]):

@@ -852,9 +852,6 @@ HONESTY_STATS = (("reuse_prefill_mean", "adjacent-token reuse, prefill"), ("reus
                  "adjacent-token reuse, decode"), ("entropy_norm_median", "popularity entropy (median layer)"),
                  ("entropy_norm_min", "popularity entropy (lowest layer)"),
                  ("hottest_over_uniform_max", "hottest expert / uniform (max over layers)"))
-# Qwen3.8-Flash-Next: routed mass held by the top-N (layer, expert) pairs of a long profile (reference/
-# validation-cases.md, spideytznn generate.cpp @ 01dee942): N -> share
-QWEN38_COVERAGE = ((5805, 0.692), (14384, 0.898), (14541, 0.922), (20000, 0.994))
 
 
 @exhibit("generator-honesty")
@@ -877,7 +874,9 @@ def generator_honesty() -> Exhibit:
     counts = np.bincount((trace.experts.astype(np.int64) + (np.arange(48) * 512)[None, :, None]).ravel(),
                          minlength=48 * 512)
     share = np.cumsum(np.sort(counts)[::-1]) / counts.sum()
-    for n, measured in QWEN38_COVERAGE:
+    from sim.trace.generator_spec import QWEN38_PROFILE_COVERAGE
+
+    for n, measured in QWEN38_PROFILE_COVERAGE:
         rows.append({"model": "qwen3.8-flash-next-iq3s", "statistic": f"routed mass of the top {n:,} pairs",
                      "real": measured, "generated": float(share[n - 1]),
                      "error": (float(share[n - 1]) - measured) / measured})
