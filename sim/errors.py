@@ -16,4 +16,9 @@ class InputError(Exception):
         shown = value if isinstance(value, str) else repr(value)
         if len(shown) > 120:
             shown = shown[:117] + "..."
-        super().__init__(f"{self.where}: {field} = {shown}: {why}".translate(_ESCAPE))
+        self.message = f"{self.where}: {field} = {shown}: {why}".translate(_ESCAPE)
+        # args are the four parts: SimPy re-raises a process's exception as type(exc)(*exc.args)
+        super().__init__(where, field, value, why)
+
+    def __str__(self) -> str:
+        return self.message

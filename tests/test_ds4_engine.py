@@ -244,3 +244,57 @@ def test_copy_chunk_is_accepted_while_every_part_fits_one_chunk():
     small = run_scenario(variant_of("ds4-504-per-class.toml", env={"DS4_CUDA_MODEL_COPY_CHUNK_MB": "1"}))
     plain = run_scenario(variant_of("ds4-504-per-class.toml"))
     assert small.summary["decode_tok_s"] == plain.summary["decode_tok_s"]
+
+
+# ------------------------------------------------------------------------------ the later builds' budget
+
+
+def later_build(variant: str, hardware: str, model: str, budget: str | None, ctx: int = 4096, decode: int = 4):
+    data = {"hardware": hardware, "model": model,
+            "engine": {"name": "ds4", "variant": variant,
+                       "flags": {"ssd-streaming": True, "ctx": ctx} | ({"ssd-streaming-cache-experts": budget}
+                                                                       if budget else {})},
+            "trace": {"generator": model, "seed": 0},
+            "workload": {"requests": [{"prompt_tokens": 300, "decode_tokens": decode, "measured": True}]}}
+    return load_scenario(SCENARIOS / "ds4-504-per-class.toml", data)
+
+
+def test_cuda_at_54b36ed_plans_a_cache_it_never_allocates():
+    # #780's box: the planner prints 1,005 dynamic experts; the CUDA streaming cache of that build is a stub
+    run = run_scenario(later_build("main-0728", "rtx-5070ti-laptop-12gb", "deepseek-v4-flash-q2", "12GB"))
+    assert run.summary["planned_cache_slots"] == 1005
+    assert run.summary["cache_slots"] == 0 and run.summary["decode_hit_rate"] == 0.0
+
+
+def test_rocm_v41_cache_is_the_fitted_plan():
+    # a stock Strix Halo (62 GiB working set): 89GB is capped to floor(7/8 x 62 - graph) = 52 GiB, then fitted to
+    # 62 - 9.37 static - graph - 7.12 staging - 2 allowance
+    run = run_scenario(later_build("main-v41", "strix-halo-128gb-stock", "deepseek-v4.1-flash-q2", "89GB",
+                                   ctx=8192))
+    graph = 1.72  # record ds4-v41-graph-8k, at this context
+    fitted = int((62 - 9.37 - graph - 2) * GIB - 2 * 384 * 9_953_280) // 9_953_280
+    assert run.summary["cache_slots"] == run.summary["planned_cache_slots"]
+    assert abs(run.summary["cache_slots"] - fitted) <= 1
+    assert any("capped to 52.00 GiB" in n for n in run.summary["notices"])
+
+
+def test_weights_past_an_8gb_card_are_read_over_pcie_and_cost_decode_time():
+    small = run_scenario(later_build("pr488", "rtx-4070-laptop-8gb-windows", "deepseek-v4-flash-q2", None))
+    state = small.summary["engine_state"]
+    assert small.summary["planned_cache_slots"] == 1  # #488: "keeping a one-expert cache"
+    over = state["non_routed_over_pcie_gib"] * GIB
+    placed = 8.20 * GIB - over
+    assert over > 0 and placed % (1792 * 2**20) < 2**20  # the arena holds whole 1,792 MiB chunks
+    assert small.summary["vram_peak_mib"] * 2**20 <= 7.99609375 * GIB  # nothing past the card
+
+
+def test_the_planner_refuses_a_reserve_it_does_not_read():
+    from sim.errors import InputError
+
+    raw = {"hardware": "rtx-5070ti-laptop-12gb", "model": "deepseek-v4-flash-q2",
+           "engine": {"name": "ds4", "variant": "main-0728", "flags": {"ssd-streaming": True},
+                      "env": {"DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB": "4"}},
+           "trace": {"generator": "deepseek-v4-flash-q2", "seed": 0},
+           "workload": {"requests": [{"prompt_tokens": 300, "decode_tokens": 4, "measured": True}]}}
+    with pytest.raises(InputError, match="not read by variant main-0728"):
+        load_scenario(SCENARIOS / "ds4-504-per-class.toml", raw)

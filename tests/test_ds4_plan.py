@@ -281,3 +281,66 @@ def test_raw_rows_hold_a_chunk_and_a_window_padded_and_capped():
     assert dp.flash_raw_rows(32768, 4096) == 4352  # 4096 + 128 -> the next multiple of 256
     assert dp.flash_raw_rows(1_000_000, 16384) == 8192  # capped
     assert dp.flash_raw_rows(1000, 1) == 256  # one padded block
+
+
+# ---------------------------------------------------------------------------------------------- the budget planner
+# Known answers from the engine's own logs: #780 (12 GB laptop), #488 (8 GB card), #1036 (Strix Halo, V4.1).
+
+Q2 = 7_077_888  # a DeepSeek-V4-Flash q2 expert, 6.75 MiB
+V41 = 9_953_280  # a DeepSeek-V4.1-Flash Q2 expert, 9.49 MiB
+
+
+def test_780_a_12gb_request_is_capped_to_10_gib_and_split():
+    # "capped to 10.00 GiB"; "3.38 GiB prefill headroom + 6.62 GiB dynamic cache" (antirez/ds4#780), on a 12 GiB
+    # card whose context takes ~0.42 GiB at --ctx 4096 (its "planned 11.41 GiB" less 10 GiB and 0.99 GiB resident)
+    plan = dp.budget_plan("planner", api="cuda", working_set=12 * GIB, requested_bytes=12 * GIB,
+                          requested_experts=None, expert_size=Q2, n_experts=256, cacheable_layers=43,
+                          non_routed=int(8.20 * GIB), context_bytes=int(0.42 * GIB))
+    assert plan.headroom_bytes == 2 * 256 * Q2 and f"{plan.headroom_bytes / GIB:.2f}" == "3.38"
+    assert f"{plan.cache_experts * Q2 / GIB:.2f}" == "6.62"
+    assert any("capped to 10.00 GiB" in n for n in plan.notices)
+
+
+def test_488_auto_budget_keeps_one_expert_when_weights_fill_the_target():
+    # "cuda recommends 7.62 GiB working set": 80 % = 6.10 GiB < 8.20 GiB non-routed -> a one-expert cache
+    plan = dp.budget_plan("auto-488", api="cuda", working_set=int(7.62 * GIB), requested_bytes=None,
+                          requested_experts=None, expert_size=Q2, n_experts=256, cacheable_layers=43,
+                          non_routed=int(8.20 * GIB), context_bytes=0)
+    assert plan.cache_experts == 1 and plan.headroom_bytes == 0
+
+
+def test_the_later_planner_refuses_what_488_kept():
+    # @54b36ed the same one-expert auto budget cannot hold two layers of prefill headroom: startup fails
+    with pytest.raises(InputError, match="routed prefill headroom needs 3.38 GiB"):
+        dp.budget_plan("planner", api="hip", working_set=int(7.62 * GIB), requested_bytes=None,
+                       requested_experts=None, expert_size=Q2, n_experts=256, cacheable_layers=43,
+                       non_routed=int(8.20 * GIB), context_bytes=0)
+
+
+def test_1036_v41_strix_halo_cap_split_and_fit():
+    # "89.00 GiB capped to 51.00 GiB"; "7.12 GiB two-layer staging + 43.87 GiB dynamic (4733 experts)"; "fitted
+    # from 4733 to 4427"; static 9.37 GiB, graph 1.82 GiB, 2.00 GiB allowance, 59.34 GiB planned (PR #1036). The
+    # working set: the planned total plus the allowance; the context as printed (graph 1.82 GiB).
+    working_set = int((59.34 + 2.00) * GIB)
+    plan = dp.budget_plan("planner-v41", api="hip", working_set=working_set, requested_bytes=89 * GIB,
+                          requested_experts=None, expert_size=V41, n_experts=384, cacheable_layers=40,
+                          non_routed=int(9.37 * GIB), context_bytes=int(1.82 * GIB),
+                          fixed_bytes=int((9.37 + 1.82) * GIB))
+    assert f"{plan.headroom_bytes / GIB:.2f}" == "7.12"
+    assert any("capped to 51.00 GiB" in n for n in plan.notices)
+    assert any("(4733 experts" in n for n in plan.notices)
+    assert abs(plan.cache_experts - 4427) <= 1  # the printed GiB figures are rounded to 0.01
+
+
+def test_a_count_is_neither_capped_nor_split():
+    plan = dp.budget_plan("planner", api="cuda", working_set=12 * GIB, requested_bytes=None, requested_experts=5000,
+                          expert_size=Q2, n_experts=256, cacheable_layers=43, non_routed=int(8.2 * GIB),
+                          context_bytes=0)
+    assert (plan.cache_experts, plan.headroom_bytes, plan.notices) == (5000, 0, ())
+
+
+@given(st.integers(1, 512), st.integers(0, 64))
+def test_graph_cap_is_whole_gib_and_at_least_one(working_gib, context_gib):
+    cap = dp.graph_pressure_cap_bytes(working_gib * GIB, context_gib * GIB)
+    assert cap % GIB == 0 and cap >= GIB
+    assert cap <= max(GIB, working_gib * GIB * 7 // 8 - context_gib * GIB)

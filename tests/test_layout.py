@@ -158,6 +158,7 @@ def test_size_class_invariants(sizes, n_mtp):
 def test_preset_names_are_exactly_the_agreed_ones():
     assert preset_names() == sorted([
         "deepseek-v4-flash-q2", "deepseek-v4-flash-q2-q4", "deepseek-v4-flash-q4", "deepseek-v4-pro",
+        "deepseek-v4.1-flash-q2",
         "qwen3.8-flash-next-iq3s", "qwen3.8-flash-next-q2_0", "qwen3.8-flash-next-iq3xxs",
         "qwen3.8-flash-next-huihui-iq3s", "qwen3.8-flash-next-iq2xs", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "mixtral-8x7b", "olmoe-1b-7b",
         "glm-5.2", "gpt-oss-120b"])

@@ -44,6 +44,7 @@ from sim.engine.ds4_plan import PREAD_POOL_WORKERS, VARIANTS, env_count, env_set
 from sim.engine.timeline import Recorder
 from sim.engine.workload import WorkloadRouting
 from sim.errors import InputError
+from sim.schema import digits
 from sim.trace.format import MISSING
 from sim.trace.generate import HOTLIST_PROFILE_SEED, generate_trace, hotlist_profile_tokens
 from sim.units import GIB, MIB
@@ -56,6 +57,8 @@ DEFAULT_PREFILL_CHUNK_TOKENS_PRO = 8192    # same, DeepSeek V4 Pro (§1.7)
 PARTS_PER_EXPERT = 3                       # gate, up, down: three file ranges, three copies (§1.8)
 PINNED_STAGING_BUFFERS = 4                 # the pinned host ring (§1.2, L218-222)
 DEFAULT_COPY_CHUNK_MIB = 64                # DS4_CUDA_MODEL_COPY_CHUNK_MB default (§1.2)
+ROCM_READ_WORKERS = 16                     # DS4_ROCM_STREAM_READ_DEFAULT_WORKERS (rocm/ds4_rocm_runtime.cuh @54b36ed)
+WEIGHT_ARENA_CHUNK_MIB = 1792              # DS4_CUDA_WEIGHT_ARENA_CHUNK_MB default (ds4_cuda.cu @54b36ed L1759-1775)
 SELECTED_IDS_BYTES = 6 * 4                 # the router's 6 int32 ids read back per layer (§1.6)
 # fmt: on
 
@@ -124,6 +127,11 @@ class Ds4:
         self.hits_first = self.variant.pread_pool and getattr(env, "DS4_CUDA_HITS_FIRST", None) != "0"
         self.pool_workers = PREAD_POOL_WORKERS if (self.variant.pread_pool and getattr(
             env, "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL", None) != "0") else 0
+        # the ROCm runtime of the planner builds reads every load, prompt and decode, through its own pool of
+        # O_DIRECT readers, each with pinned staging and an upload stream (rocm/ds4_rocm_runtime.cuh @54b36ed)
+        self.pool_in_prefill = hw.gpu.api == "hip" and self.variant.budget.startswith("planner")
+        if self.pool_in_prefill:
+            self.pool_workers = ROCM_READ_WORKERS
         # where a miss's bytes come from (§1.8)
         self.buffered = env_set(env, "DS4_CUDA_NO_DIRECT_IO")
         self.keep_pages = env_set(env, "DS4_CUDA_KEEP_MODEL_PAGES")
@@ -133,15 +141,18 @@ class Ds4:
         self.resident = ds4_plan.resident_set(layout, self.family, hw, self.ctx, chunk_cap, domain)
         mem = machine.memory
         mem.set("vram", "runtime reserved (driver, context)", self.resident.runtime_reserved)
-        mem.set("vram", "non-routed weights", self.resident.non_routed - self.resident.host_pinned)
         mem.set("vram", "KV cache", self.resident.kv)
         mem.set("vram", "prefill context buffers", self.resident.context_buffers)
         mem.set("vram", "compute buffers", self.resident.compute_buffers)
         mem.set("ram", "pinned non-routed weights", self.resident.host_pinned)
         copy_chunk = env_count(where, env, "DS4_CUDA_MODEL_COPY_CHUNK_MB") or DEFAULT_COPY_CHUNK_MIB
         copy_chunk = min(max(copy_chunk, ds4_plan.COPY_CHUNK_MIB_RANGE[0]), ds4_plan.COPY_CHUNK_MIB_RANGE[1])
-        staging_buffers = PINNED_STAGING_BUFFERS + (PREAD_POOL_WORKERS if self.pool_workers else 0)
+        staging_buffers = PINNED_STAGING_BUFFERS + self.pool_workers
         mem.set("ram", "pinned staging", staging_buffers * copy_chunk * MIB)
+        self.staging_bytes = 0
+        self.notices: list[str] = []
+        self._plan_budget(where, cli, hw)
+        self.weight_pcie_bytes = self._place_weights(hw)
         if mem.vram_free() <= 0:
             raise InputError(where, "hardware", hw.name,
                              f"ds4 needs {self.resident.vram / GIB:.2f} GiB before its expert cache; the GPU has "
@@ -154,6 +165,10 @@ class Ds4:
         work = ds4_plan.decode_bytes_by_layer(layout, self.family, range(len(self.layers)))
         share = work / work[: self.n_layers].sum() * self.n_layers  # mean layer = 1
         self.decode_s = compute.decode_us_per_token_layer.value * 1e-6 * share  # [layer, (other, shared, routed)]
+        # non-routed weights past VRAM: their kernels read them over PCIe, the link's time in place of DRAM's
+        over = self.weight_pcie_bytes / self.resident.non_routed if self.resident.non_routed else 0.0
+        self.weight_link_s = over * work[:, :2].sum(axis=1) / machine.h2d.bytes_per_s  # per layer, per pass
+        self.decode_link_s = np.maximum(self.weight_link_s - over * self.decode_s[:, :2].sum(axis=1), 0.0)
         # The main thread encodes each decode layer's graph before the GPU can run it: CPU time per token,
         # measured on a GB10 (record ds4-graph-encode-773), serial with the layer's kernels.
         encode = domain.use("ds4-graph-encode-773", "ds4's graph encode per decode token")
@@ -164,7 +179,7 @@ class Ds4:
         # threads
         self.main = machine.threads("ds4 main thread")
         self.worker = machine.threads("ds4 selected-load worker")
-        self.pool = [machine.threads(f"ds4 pread worker {i}") for i in range(PREAD_POOL_WORKERS)] \
+        self.pool = [machine.threads(f"ds4 pread worker {i}") for i in range(self.pool_workers)] \
             if self.pool_workers else None
         # cache state: one LRU pool per class (#504 and later) or one pool for the slab (pre-504)
         n_pools = self.n_classes if self.per_class else 1
@@ -174,8 +189,6 @@ class Ds4:
         self.size_changes = {"prefill": 0, "decode": 0}  # pre-504: slab released for another size class
         self.phase = "prefill"
         self.slab_class = -1
-        self.staging_bytes = 0
-        self.notices: list[str] = []
         if hw.os == "macos":  # ds4 streams experts through its Metal backend there, which is not modelled apart
             self.notices.append("ds4 runs its Metal backend on macOS; simulated here with the CUDA SSD-streaming "
                                 "path (size-class caches, pread into staging, a copy into the slot) on this "
@@ -186,6 +199,72 @@ class Ds4:
             machine.page_cache.warm(np.arange(self.n_layers * self.n_experts))
         self.seeding = {"passes": 0, "loaded": 0, "layers_skipped_full": 0}
         self.page_cache_reads = {"hits": 0, "misses": 0}
+
+    # --- the budget of the later builds ----------------------------------------------------------
+
+    def _plan_budget(self, where: str, cli: int | None, hw) -> None:
+        """The expert budget as the variant's build sizes it (ds4_plan.budget_plan): the planner's dynamic experts
+        replace the live budget, its prefill headroom is held as staging from the start, and the planner's own
+        accounting replaces the live reserve. CUDA @54b36ed plans a cache but never allocates it (the streaming
+        cache API there is a stub: ds4_gpu_set_streaming_expert_cache_budget ignores its count)."""
+        self.planned_experts = None
+        mode = self.variant.budget
+        if mode == "live":
+            return
+        flags, env = self.scenario.engine.flags, self.scenario.engine.env
+        text = flags.ssd_streaming_cache_experts
+        env_n = getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_N", None)
+        routed = [self.class_of_layer[i] for i in range(self.n_layers)]
+        dominant = max(range(self.n_classes), key=lambda c: (routed.count(c), -c))  # most layers, first on ties
+        size = self.class_bytes[dominant]
+        requested_bytes = int(text[:-2]) * GIB if text is not None and text.endswith("GB") else None
+        requested_experts = (cli if text is not None and requested_bytes is None
+                             else int(env_n) if env_n is not None and digits(env_n) else None)
+        r = self.resident
+        # the context's memory the cap leaves room for: KV and context buffers (V4.1: its graph figure)
+        context = r.kv + r.context_buffers + (r.compute_buffers if self.family == "deepseek-v4.1" else 0)
+        plan = ds4_plan.budget_plan(
+            mode, api=hw.gpu.api, working_set=hw.vram_bytes, requested_bytes=requested_bytes,
+            requested_experts=requested_experts, expert_size=size, n_experts=self.n_experts,
+            cacheable_layers=routed.count(dominant), non_routed=r.non_routed, context_bytes=context,
+            fixed_bytes=r.non_routed + r.compute_buffers, where=where)
+        self.notices.extend(plan.notices)
+        self.planned_experts = plan.cache_experts
+        self.budget_experts = plan.cache_experts
+        if mode != "auto-488":
+            self.reserve_bytes = 0
+        if mode == "planner" and hw.gpu.api == "cuda":  # nor its headroom: the compact staging grows as before
+            self.budget_experts = 0
+            self.notices.append(f"CUDA at this build never allocates the planned {plan.cache_experts} experts: every "
+                                "selected expert is read per use")
+        elif plan.headroom_bytes:
+            self.staging_bytes = plan.headroom_bytes
+            self.m.memory.set("vram", "compact staging", plan.headroom_bytes)
+
+    def _place_weights(self, hw) -> int:
+        """Non-routed weights on a discrete card for the builds whose weight cache fills VRAM arena chunks lazily
+        (cuda_model_arena_alloc @54b36ed: 1,792 MiB each) and maps what does not fit from host memory: the chunks
+        that fit beside everything else hold weights, the rest is read over PCIe at every use. Returns those
+        bytes (0: all in VRAM)."""
+        r, mem = self.resident, self.m.memory
+        in_vram = r.non_routed - r.host_pinned
+        if not self.variant.weight_overflow or hw.is_unified:
+            mem.set("vram", "non-routed weights", in_vram)
+            return 0
+        # what the weights may take: the first layer's staging (up to a whole layer of experts) is allocated before
+        # the arena has filled, the arena's chunks coming one by one as the first pass meets the tensors
+        first_staging = max(0, self.n_experts * max(self.class_bytes) - self.staging_bytes)
+        free = mem.vram_free() - first_staging
+        if in_vram <= free:
+            mem.set("vram", "non-routed weights", in_vram)
+            return 0
+        chunks = max(0, free) // (WEIGHT_ARENA_CHUNK_MIB * MIB)
+        placed = min(in_vram, chunks * WEIGHT_ARENA_CHUNK_MIB * MIB)
+        mem.set("vram", "non-routed weights", placed)
+        mem.set("ram", "mapped non-routed weights (read over PCIe)", in_vram - placed)
+        self.notices.append(f"CUDA model arena full: {(in_vram - placed) / GIB:.2f} GiB of non-routed weights stay in "
+                            "mapped host memory, read over PCIe at every use")
+        return int(in_vram - placed)
 
     # --- VRAM ------------------------------------------------------------------------------------
 
@@ -369,14 +448,15 @@ class Ds4:
         return drive
 
     def _pool_load(self, layer: int, experts: np.ndarray):
-        """#1082's pread pool: the misses split over the workers, each reading (its own QD1) into its own
-        pinned staging and uploading on its own stream; the reads overlap at the drive, the uploads queue on
-        the copy engine."""
+        """#1082's pread pool (and the ROCm runtime's): the misses split over the workers, each reading (its own
+        QD1) into its own pinned staging and uploading on its own stream; the reads overlap at the drive, the
+        uploads queue on the copy engine. Returns the bytes that came from the drive."""
         env = self.m.env
         shares = [experts[i::self.pool_workers] for i in range(self.pool_workers)]
         jobs = [env.process(self._load(worker, layer, share)) for worker, share in zip(self.pool, shares) if len(share)]
         if jobs:
             yield env.all_of(jobs)
+        return sum(job.value for job in jobs)
 
     def _to_staging(self, thread, layer: int, n_experts: int, then_s: float = 0.0, then_kind: str = ""):
         """Hand hits (and loaded experts) to the kernels (§1.5): 3 synchronous D2D cudaMemcpy each on the
@@ -424,24 +504,21 @@ class Ds4:
         k = len(experts)
         if self.hits_first:  # #1082: the hits' experts run while the misses are read
             m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
-            drive = 0
-            if self.pool is not None:
-                yield from self._pool_load(layer, fetch)
-            else:
-                drive = yield from self._load(thread, layer, fetch)
+            drive = yield from (self._pool_load(layer, fetch) if self.pool is not None else
+                                self._load(thread, layer, fetch))
             m.gpu.book(routed_s * (k - hits) / k, 0, 0, "routed experts (misses)")
         else:
             drive = yield from (self._pool_load(layer, fetch) if self.pool is not None else
                                 self._load(thread, layer, fetch))
         yield from self._to_staging(thread, layer, hits + loaded, m.memcpy_call_s, "slot map upload")
         row.update(lookups=k, hits=hits, inserts=inserts, evictions=evictions)
-        self._record(row, layer, hits, loaded, direct, hits + loaded, drive or 0)
+        self._record(row, layer, hits, loaded, direct, hits + loaded, drive)
 
     def _decode_layer(self, layer: int, experts: np.ndarray, row: dict):
         m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
         encoded = self.main.book(self.encode_layer_s, 0, 1, "graph encode")
-        m.gpu.book(other_s, 0, 0, "attention + router", ready_s=encoded)  # the main thread's sync waits for it
+        m.gpu.book(other_s + self.decode_link_s[layer], 0, 0, "attention + router", ready_s=encoded)  # the main thread's sync waits for it
         # the sync is booked, not waited on by itself: what comes next starts at its end (ready_s), and the
         # first wait is the ids readback after it
         synced = self.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
@@ -481,7 +558,8 @@ class Ds4:
         m = self.m
         T = len(rows)
         other_s, shared_s, routed_s = self.prefill_s[layer] * T
-        yield m.gpu.hold(other_s + self.prefill_chunk_fixed_s, 0, 0, "attention + router (chunk)")
+        yield m.gpu.hold(other_s + self.prefill_chunk_fixed_s + self.weight_link_s[layer], 0, 0,
+                         "attention + router (chunk)")
         yield self.main.hold(m.sync_s + m.memcpy_call_s, T * SELECTED_IDS_BYTES, 1, "ids readback")
         union = np.unique(rows[:, layer])
         union = union[union != MISSING]
@@ -492,7 +570,9 @@ class Ds4:
             outcome, _, _ = self.cache.access(layer, union, pool, MODE_APPEND)
             n = np.bincount(outcome.astype(np.int64), minlength=4)
             hits, inserts, direct = int(n[HIT]), int(n[INSERT]), int(n[DIRECT])
-            drive = yield from self._load(self.main, layer, union[outcome != HIT])
+            fetch = union[outcome != HIT]
+            drive = yield from (self._pool_load(layer, fetch) if self.pool_in_prefill else
+                                self._load(self.main, layer, fetch))
             yield from self._to_staging(self.main, layer, hits + inserts)
             row.update(lookups=len(union), hits=hits, inserts=inserts)
             handed = hits + inserts
@@ -590,6 +670,9 @@ class Ds4:
                 "prefill_buffer_mib": self.staging_bytes / MIB, "notices": list(self.notices),
                 "variant": self.variant.name, "variant_source": self.variant.source,
                 "reserve_gib": self.reserve_bytes / GIB, "budget_experts": self.budget_experts, "ctx": self.ctx,
+                "budget_mode": self.variant.budget, "planned_cache_slots": self.planned_experts
+                if self.planned_experts is not None else int(sum(caps)),
+                "non_routed_over_pcie_gib": self.weight_pcie_bytes / GIB,
                 "miss_source": ("page cache (buffered pread)" if self.buffered else "SSD (O_DIRECT)")
                 + (f", {self.pool_workers} pread workers" if self.pool_workers else ", QD1"),
                 "hits_first": self.hits_first, "selected_shared_overlap": self.overlap,

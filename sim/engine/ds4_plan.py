@@ -420,6 +420,102 @@ def hotlist_seed_plan(ranking_keys: np.ndarray, n_experts: int, seeded_layers: S
     return [(int(layer), (keys[layers == layer] % n_experts).astype(np.uint16)) for layer in np.unique(layers)]
 
 
+# ------------------------------------------------------------------------------------------ the budget planner
+#
+# Later upstream sizes one total expert budget before anything is allocated (ds4.c @54b36ed
+# ds4_engine_configure_streaming_cache_budget, ds4_ssd.c ds4_ssd_auto_cache_plan): the working set R is Metal's
+# recommendedMaxWorkingSetSize, or the device's total memory (hipMemGetInfo on ROCm, the GTT pool on an APU;
+# cudaMemGetInfo with #488). A budget in GiB is capped to the graph working-set pressure budget; no budget on
+# Metal/ROCm (and CUDA with #488) is the auto budget; then two layers of prefill headroom come off the top.
+
+AUTO_CACHE_PCT = 80                                # DS4_SSD_AUTO_CACHE_PCT default (ds4_ssd.c @54b36ed)
+GRAPH_PRESSURE_SHARE = (7, 8)                      # the manual cap: 7/8 of R less the context's memory
+PREFILL_HEADROOM_LAYERS = 2                        # DS4_STREAMING_PREFILL_HEADROOM_LAYERS (ds4.c @54b36ed L4506)
+V41_RUNTIME_ALLOWANCE_BYTES = 2 * GIB              # "2.00 GiB runtime/I/O allowance" (the #1036 log)
+
+
+def graph_pressure_cap_bytes(working_set: int, context_bytes: int) -> int:
+    """ds4_streaming_manual_cache_safe_bytes (ds4.c @54b36ed L4627-4661): floor_GiB(R x 7/8 - the context's
+    memory), at least 1 GiB ("budget X GiB capped to Y GiB to stay below the graph working-set pressure budget")."""
+    num, den = GRAPH_PRESSURE_SHARE
+    return max(GIB, (working_set * num // den - context_bytes) // GIB * GIB)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    cache_experts: int  # the count handed to the expert cache: the planner's dynamic experts, or the auto count
+    headroom_bytes: int  # two layers of prefill staging held inside a byte budget (0: none)
+    notices: tuple[str, ...]
+
+
+def _one_expert_at_least(n_bytes: int, expert_size: int, cacheable: int) -> int:
+    return max(1, min(n_bytes // expert_size, cacheable))
+
+
+def budget_plan(mode: str, *, api: str, working_set: int, requested_bytes: int | None,
+                requested_experts: int | None, expert_size: int, n_experts: int, cacheable_layers: int, non_routed: int,
+                context_bytes: int, fixed_bytes: int = 0, where: str = "ds4 budget planner",
+                field: str = "engine.flags.ssd-streaming-cache-experts") -> BudgetPlan:
+    """The expert budget of the later builds (see the section above). mode: "auto-488" (#488: the auto count when
+    no budget is given, nothing else changes), "planner" (@54b36ed) or "planner-v41" (#1036); requested_bytes:
+    the CLI's NGB, requested_experts its N (a count gets no cap and no headroom split: ds4.c L53827); api: the
+    profile's GPU interface (the auto budget is Metal's and ROCm's, and CUDA's with #488); fixed_bytes: for the
+    V4.1 fit, the static weights and graph the working set also holds; expert_size and cacheable_layers: the
+    dominant routed size (most layers) and the layers of that size (ds4_streaming_routed_expert_bytes,
+    ds4_streaming_cacheable_expert_count @54b36ed). Raises the engine's startup refusals."""
+    cacheable = cacheable_layers * n_experts
+    notices: list[str] = []
+    if requested_experts is not None:
+        return BudgetPlan(min(requested_experts, cacheable), 0, ())
+    if requested_bytes is not None:
+        total = requested_bytes
+        if mode != "auto-488":
+            cap = graph_pressure_cap_bytes(working_set, context_bytes)
+            if total > cap:
+                notices.append(f"SSD streaming cache budget {total / GIB:.2f} GiB capped to {cap / GIB:.2f} GiB to "
+                               "stay below the graph working-set pressure budget")
+                total = cap
+    elif api in ("metal", "hip") or mode == "auto-488":
+        target = working_set * AUTO_CACHE_PCT // 100
+        experts = _one_expert_at_least(max(0, target - non_routed), expert_size, cacheable)
+        total = experts * expert_size
+        notices.append(f"SSD streaming auto cache budget: {api} recommends {working_set / GIB:.2f} GiB working set; "
+                       f"{AUTO_CACHE_PCT} % = {target / GIB:.2f} GiB for model + cached experts, non-routed weights "
+                       f"{non_routed / GIB:.2f} GiB; expert budget {experts} ({total / GIB:.2f} GiB)"
+                       + ("; non-routed weights already fill the target: a one-expert cache"
+                          if target <= non_routed else ""))
+        if mode == "auto-488":
+            return BudgetPlan(experts, 0, tuple(notices))
+    else:  # a CUDA build of @54b36ed has no auto budget (ds4.c L405-413): no cache is planned
+        return BudgetPlan(0, 0, ("no expert budget given: this CUDA build plans no expert cache "
+                                 "(its auto budget is Metal's and ROCm's)",))
+    if mode == "auto-488":
+        return BudgetPlan(_one_expert_at_least(total, expert_size, cacheable), 0, tuple(notices))
+    headroom = min(PREFILL_HEADROOM_LAYERS, cacheable_layers) * n_experts * expert_size
+    if headroom >= total:
+        raise InputError(where, field, f"{total / GIB:.2f} GiB",
+                         f"ds4 refuses it: byte budget {total / GIB:.2f} GiB is too small: routed prefill headroom "
+                         f"needs {headroom / GIB:.2f} GiB")
+    dynamic = min((total - headroom) // expert_size, cacheable)
+    if dynamic == 0:
+        raise InputError(where, field, f"{total / GIB:.2f} GiB",
+                         "ds4 refuses it: byte budget is too small or invalid for this model")
+    notices.append(f"{api} SSD streaming total expert budget {total / GIB:.2f} GiB = {headroom / GIB:.2f} GiB prefill "
+                   f"headroom + {dynamic * expert_size / GIB:.2f} GiB dynamic cache ({dynamic} experts, "
+                   f"{expert_size / MIB:.2f} MiB each)")
+    if mode == "planner-v41":
+        room = working_set - fixed_bytes - headroom - V41_RUNTIME_ALLOWANCE_BYTES
+        fitted = max(0, min(dynamic, room // expert_size))
+        if fitted == 0:
+            raise InputError(where, field, f"{total / GIB:.2f} GiB",
+                             "ds4 refuses it: no dynamic cache fits beside the static weights, staging, graph and "
+                             "the runtime/I/O allowance")
+        if fitted < dynamic:
+            notices.append(f"V4.1 SSD cache fitted from {dynamic} to {fitted} experts for context/runtime headroom")
+        dynamic = fitted
+    return BudgetPlan(int(dynamic), headroom, tuple(notices))
+
+
 # ------------------------------------------------------------------------------------------ knobs
 #
 # The scenario's [engine] table for ds4: the engine's own flag and environment names (ds4-engine.md §4), its
@@ -438,6 +534,14 @@ class Variant:
     pread_pool: bool  # #1082: hits first + 8 pread workers with their own staging and stream
     mtp_streaming: bool  # runs the in-file MTP draft layer together with --ssd-streaming
     source: str
+    # how the expert budget is sized (see budget_plan): "live" the CLI/env count, capped per class by free VRAM
+    # less the reserve (@80ebbc3 to #1082); "auto-488" the same, with #488's auto budget when none is given;
+    # "planner" the total expert budget of later upstream (the 7/8 working-set cap, two layers of prefill
+    # headroom, the auto budget); "planner-v41" that plan fitted once more to V4.1's runtime allowance (#1036)
+    budget: str = "live"
+    # non-routed weights VRAM cannot hold stay in mapped host memory, read over PCIe at every use (the weight
+    # cache's fallback, cuda_model_range_ptr); else they must all fit in VRAM
+    weight_overflow: bool = False
 
 
 VARIANTS = {v.name: v for v in (
@@ -452,6 +556,18 @@ VARIANTS = {v.name: v for v in (
     Variant("pr1082", True, True, "none", True, False,
             "PR #1082 on #1031: hits first, an 8-worker pread pool, gate and up of every miss before the downs "
             "(ds4-engine.md §1.14)"),
+    Variant("pr488", True, True, "memcpy", False, False,
+            "PR #488 on #504's per-class caches: CUDA's auto budget, 80 % of the device's memory less the non-routed "
+            "weights (at least one expert) when no budget is given (antirez/ds4#488)", "auto-488", True),
+    Variant("main-0728", True, True, "none", False, False,
+            "antirez/ds4 @54b36ed (2026-07-28): the total expert budget planner (ds4_engine_configure_streaming_"
+            "cache_budget: the 7/8 working-set cap, two layers of prefill headroom, the Metal/ROCm auto budget), "
+            "kernels reading the cache's slots, non-routed weights in a lazily filled weight cache with mapped "
+            "host memory past it", "planner", True),
+    Variant("main-v41", True, True, "none", False, False,
+            "antirez/ds4 of #1036 (2026-09): main-0728's planner, its dynamic cache fitted once more so that static "
+            "weights, staging, cache, graph and a 2 GiB runtime/I/O allowance fit the working set (V4.1)",
+            "planner-v41", True),
     Variant("neutronstar-glm-slab", False, False, "memcpy", False, True,
             "what-if: the neutronstar GLM stack's MTP draft steps with upstream's pre-504 slab"),
     Variant("neutronstar-glm", True, True, "memcpy", False, True,
@@ -527,8 +643,9 @@ class Flags(Strict):
 class Settings(Strict):
     KEY_KIND: ClassVar[str] = "ds4 engine key"
     name: Literal["ds4"]
-    # pre-504 .. pr1082, neutronstar-*: see VARIANTS.
-    variant: Literal["pre-504", "pr504", "pr605", "pr1031", "pr1082", "neutronstar-glm-slab", "neutronstar-glm"]
+    # pre-504 .. pr1082, pr488, main-0728, main-v41, neutronstar-*: see VARIANTS.
+    variant: Literal["pre-504", "pr504", "pr605", "pr1031", "pr1082", "pr488", "main-0728", "main-v41",
+                     "neutronstar-glm-slab", "neutronstar-glm"]
     flags: Flags = Field(default_factory=Flags)
     env: Env = Field(default_factory=Env)
 
@@ -562,9 +679,10 @@ def model_family(scenario) -> str | None:
 
 def family_of(layout, compute_key: str | None) -> str | None:
     """Which of ds4's models a file is, by its model class (the hardware profile's compute key: the preset's
-    name, or model_class for a GGUF), else the layout's name: "deepseek-v4" or "glm-5.2"; None for any other."""
+    name, or model_class for a GGUF), else the layout's name: "deepseek-v4", "deepseek-v4.1" or "glm-5.2"; None
+    for any other."""
     key = compute_key or layout.name
-    for family in ("deepseek-v4", "glm-5.2"):
+    for family in ("deepseek-v4.1", "deepseek-v4", "glm-5.2"):  # V4.1 before V4: the longer name first
         if key.startswith(family):
             return family
     return None
@@ -597,6 +715,10 @@ def validate(scenario, where: str) -> None:
         raise InputError(where, "engine.flags.ssd-streaming", False,
                          "the simulator models ds4 with --ssd-streaming only (the expert cache exists only then)")
     variant = VARIANTS[engine.variant]
+    reserve_env = env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB
+    if reserve_env is not None and variant.budget.startswith("planner"):
+        raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", reserve_env,
+                         f"not read by variant {variant.name}: its planner sizes the cache against the working set")
     if flags.mtp is not None and not variant.mtp_streaming:
         raise InputError(where, "engine.flags.mtp", flags.mtp,
                          "ds4 rejects --mtp together with --ssd-streaming (ds4.c L25685 @80ebbc3)")
@@ -605,8 +727,9 @@ def validate(scenario, where: str) -> None:
                          f"model {layout.name} has no MTP layer in its file; variant {engine.variant} runs the "
                          "draft layer bound from the main GGUF (a separate MTP GGUF is not modelled)")
     if model_family(scenario) is None:
-        raise InputError(where, "model", layout.name, "ds4 is modelled for DeepSeek V4 (Flash, Pro) and GLM-5.2 files "
-                                                      "(set model_class to deepseek-v4-flash or glm-5.2 for a GGUF)")
+        raise InputError(where, "model", layout.name,
+                         "ds4 is modelled for DeepSeek V4 (Flash, Pro), V4.1 Flash and GLM-5.2 files (set model_class "
+                         "to deepseek-v4-flash, deepseek-v4.1-flash or glm-5.2 for a GGUF)")
     total = layout.n_routed_layers * layout.n_experts
     text = flags.ssd_streaming_cache_experts
     if text is not None:
@@ -700,6 +823,8 @@ GLM52_KV_LAYERS = 78
 
 # DeepSeek-V4-Flash's non-routed weights: "non-routed weights: 8.20 GiB" (antirez/ds4#488, ds4-engine.md §2.3).
 FLASH_NON_ROUTED_GIB = 8.20
+# DeepSeek-V4.1-Flash's: "V4.1 SSD prepared 9.37 GiB static weights" (the ROCm planner's line, antirez/ds4 PR #1036).
+V41_NON_ROUTED_GIB = 9.37
 # GLM-5.2 on the neutronstar rig keeps "~8 GiB pinned host RAM" of its resident weights in host memory
 # (giannisanni/neutronstar README): those bytes are not in VRAM.
 GLM52_HOST_PINNED_GIB = 8
@@ -797,6 +922,9 @@ def shared_expert_bytes(layout) -> int:
 def resident_set(layout, family: str, profile, ctx_tokens: int, prefill_cap_tokens: int, domain) -> ResidentSet:
     """VRAM (and pinned host RAM) ds4 holds before the expert cache; `domain` records the calibration use."""
     reserved = profile.runtime_reserved_bytes
+    if family == "deepseek-v4.1":  # the graph (KV and buffers) as one planner figure, from two records
+        graph = v41_graph_bytes(ctx_tokens, domain)
+        return ResidentSet(int(V41_NON_ROUTED_GIB * GIB), 0, 0, 0, graph, reserved, "ds4-v41-graph-8k")
     if family == "deepseek-v4":
         record = domain.use("ds4-flash-buffers-503", "ds4 compute buffers")
         return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, flash_kv_bytes(ctx_tokens, prefill_cap_tokens),
@@ -808,7 +936,21 @@ def resident_set(layout, family: str, profile, ctx_tokens: int, prefill_cap_toke
                        reserved, record.id)
 
 
+V41_GRAPH_CONTEXTS = (8192, 400_000)  # the contexts of records ds4-v41-graph-8k and -400k
+
+
+def v41_graph_bytes(ctx_tokens: int, domain) -> int:
+    """DeepSeek-V4.1's graph (KV cache and buffers) at --ctx: the line through the two printed figures (records
+    ds4-v41-graph-8k and -400k), never below the smaller; a stand-in until V4.1's KV formula is known."""
+    low = domain.use("ds4-v41-graph-8k", "ds4 V4.1 graph (KV + buffers)").bytes()
+    high = domain.use("ds4-v41-graph-400k", "ds4 V4.1 graph (KV + buffers)").bytes()
+    (c0, c1) = V41_GRAPH_CONTEXTS
+    return max(low, int(low + (high - low) * (ctx_tokens - c0) / (c1 - c0)))
+
+
 def non_routed_bytes(layout, family: str) -> int:
+    if family == "deepseek-v4.1":
+        return int(V41_NON_ROUTED_GIB * GIB)
     return int(FLASH_NON_ROUTED_GIB * GIB) if family == "deepseek-v4" else glm52_non_routed_bytes(layout)
 
 
@@ -816,9 +958,9 @@ def non_routed_bytes(layout, family: str) -> int:
 
 
 def embedding_bytes(layout, family: str) -> int:
-    """The token embedding, of which a token reads one row: F16 in the Flash files (ds4-engine.md §2.3), Q8_0
-    in the GLM-5.2 file (see glm52_non_routed_bytes)."""
-    if family == "deepseek-v4":
+    """The token embedding, of which a token reads one row: F16 in the Flash files (ds4-engine.md §2.3; V4.1's
+    vocabulary is V4's, its F16 embedding assumed as well), Q8_0 in the GLM-5.2 file (see glm52_non_routed_bytes)."""
+    if family in ("deepseek-v4", "deepseek-v4.1"):
         return FLASH_VOCAB * layout.hidden * 2
     return _q("Q8_0", GLM52_VOCAB * layout.hidden)
 

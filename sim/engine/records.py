@@ -63,6 +63,17 @@ RECORDS: tuple[Record, ...] = (
            "rtx-pro-6000-96gb", 32768, "seed-504",
            "94.97 GiB CUDA total - 81.57 GiB available (#503 log) - 8.20 GiB non-routed - 0.7770 GiB KV - 0.2501 GiB "
            "context buffers at --ctx 32768, chunk 4096 - 0.542 GiB runtime reserved (rtx-pro-6000-96gb.toml)"),
+    # ds4, DeepSeek-V4.1-Flash on Strix Halo (ROCm): the V4.1 planner prints its graph (KV and buffers) as one
+    # figure. Two runs of antirez/ds4 PR #1036 at far-apart contexts: Piega's 92GB run at ctx 8192 printed a
+    # 1.72 GiB graph (2026-09-13; the same commenter's 89GB run at --ctx-alloc 10240 is validation case D9), and
+    # hitman249's at --ctx 400000 a 5.66 GB graph (2026-09-20). No V4.1 KV or buffer formula is in our notes:
+    # ds4_plan.v41_graph_bytes draws the line through the two.
+    Record("ds4-v41-graph-8k", "v41_graph", 1.72, "GiB", "ds4", "deepseek-v4.1-flash", "strix-halo-128gb-stock",
+           None, None, "antirez/ds4 PR #1036, Piega's 92GB run at ctx 8192: 1.72 GiB graph beside a 41.13 GiB "
+                       "dynamic cache and 9.37 GiB static weights"),
+    Record("ds4-v41-graph-400k", "v41_graph", 5.66, "GiB", "ds4", "deepseek-v4.1-flash", "strix-halo-128gb",
+           None, None, "antirez/ds4 PR #1036, hitman249's run at --ctx 400000 (GTT raised): graph 5.66 GB in its "
+                       "memory table (static weights 9.37, staging 7.12, total planned 111.02 GiB)"),
     # ds4 (neutronstar GLM stack), GLM-5.2 on the 16 GB RTX 4060 Ti rig: "the resident weights want ~9-13
     # GiB VRAM plus ~8 GiB pinned host RAM" (giannisanni/neutronstar README). The upper 13 GiB is everything
     # before the expert cache; less the derived non-routed weights on the GPU (18.70 - 8 GiB), the f32 MLA

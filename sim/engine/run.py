@@ -123,6 +123,7 @@ def run_scenario(scenario) -> RunResult:
         "model": scenario.layout.name,
         "measured_request": int(measured),
         "cache_slots": state["cache_slots"],
+        "planned_cache_slots": state.get("planned_cache_slots", state["cache_slots"]),
         "cache_mib": state["cache_mib"],
         "lent_slots": state["lent_slots"],
         "prefill_buffer_mib": state["prefill_buffer_mib"],

@@ -87,6 +87,15 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             "ds4-engine.md §2.1 (DS4_SHAPE_PRO, antirez/ds4 @80ebbc3); hardware-and-gguf.md §4; "
             "quant: the ds4 Flash q2 recipe (IQ2_XXS gate/up, Q2_K down) applied to Pro, our choice",
             n_blocks=61, n_experts=384, top_k=6, n_shared=1, hidden=7168, expert_width=3072, recipe=_DS4_Q2),
+    # DeepSeek-V4.1-Flash as ds4 runs it (DS4_SHAPE_FLASH41: upstream tests and a transcription of the shape table,
+    # indexed copy 70323830557; ds4_deepseek41_gpu.h @ 30ac654): 40 layers, all routed, no hash-routed layers, 384
+    # experts, top-6, 1 shared, n_embd 5120, n_ff_exp 2304. The Q2 GGUF: IQ2_XXS gate/up, Q2_K down (strix-llama.cpp
+    # #48 on the published file): 9,953,280 B per expert, "about 9.5 MB each at Q2" (antirez/ds4 PR #1082).
+    _layout("deepseek-v4.1-flash-q2",
+            "DS4_SHAPE_FLASH41 (antirez/ds4 tests; a transcription of the shape table, indexed copy 70323830557); "
+            "the Q2 GGUF's IQ2_XXS gate/up + Q2_K down (strix-llama.cpp#48), 9,953,280 B per expert (ds4 PR #1082: "
+            "'about 9.5 MB each')",
+            n_blocks=40, n_experts=384, top_k=6, n_shared=1, hidden=5120, expert_width=2304, recipe=_DS4_Q2),
     _layout("qwen3.8-flash-next-iq3s",
             "strata-engine.md §2.1-2.2 (geometry, IQ3_S pack max blob 2,662,400 B, mean ~1.95 MiB); "
             "per-layer mix 37 IQ2_S / 6 IQ3_XXS / 3 IQ3_S / 2 IQ4_XS gate/up + IQ4_NL down, edges first: "

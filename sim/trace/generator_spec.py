@@ -112,6 +112,17 @@ def _deepseek(model: str, key: str, hottest_median_v3: float = 6.0) -> dict:
 for _name in ("deepseek-v4-flash-q2", "deepseek-v4-flash-q2-q4", "deepseek-v4-flash-q4"):
     GENERATOR_PRESETS[_name] = _deepseek(_name, "deepseek-v4-flash")
 GENERATOR_PRESETS["deepseek-v4-pro"] = _deepseek("deepseek-v4-pro", "deepseek-v4-pro")
+# DeepSeek-V4.1-Flash: no hotlist or heat of it is published. Its router is DeepSeek's (sigmoid, top-6, no hash
+# layers): a generic popularity whose hottest expert is the DeepSeek-V3 long-run median's ~6x uniform.
+GENERATOR_PRESETS["deepseek-v4.1-flash-q2"] = _fine(
+    "deepseek-v4.1-flash-q2",
+    popularity=dict(kind="generic", beta=0.8, entropy_first=0.89, entropy_mid=0.89, entropy_spread=0.02,
+                    source="no V4.1 heat stored: a stretched exponential whose hottest of 384 experts is ~6x "
+                           "uniform (entropy 0.89), the DeepSeek-V3 GPQA median (§3.2)"),
+    targets={
+        "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3), source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
+        "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
+    })
 GENERATOR_PRESETS["qwen3-30b-a3b"] = _fine(
     "qwen3-30b-a3b",
     popularity=dict(kind="derived", key="qwen3-30b-a3b",
