@@ -344,3 +344,8 @@ def test_graph_cap_is_whole_gib_and_at_least_one(working_gib, context_gib):
     cap = dp.graph_pressure_cap_bytes(working_gib * GIB, context_gib * GIB)
     assert cap % GIB == 0 and cap >= GIB
     assert cap <= max(GIB, working_gib * GIB * 7 // 8 - context_gib * GIB)
+
+
+@pytest.mark.parametrize(("text", "n_bytes"), [("89GB", 89 * GIB), ("12GB", 12 * GIB), ("9472", None), (None, None)])
+def test_a_gib_budget_is_bytes_to_the_planner_and_a_count_is_not(text, n_bytes):
+    assert dp.cache_budget_bytes(text) == n_bytes

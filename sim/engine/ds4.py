@@ -44,7 +44,6 @@ from sim.engine.ds4_plan import PREAD_POOL_WORKERS, VARIANTS, env_count, env_set
 from sim.engine.timeline import Recorder
 from sim.engine.workload import WorkloadRouting
 from sim.errors import InputError
-from sim.schema import digits
 from sim.trace.format import MISSING
 from sim.trace.generate import HOTLIST_PROFILE_SEED, generate_trace, hotlist_profile_tokens
 from sim.units import GIB, MIB
@@ -129,8 +128,8 @@ class Ds4:
             env, "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL", None) != "0") else 0
         # the ROCm runtime of the planner builds reads every load, prompt and decode, through its own pool of
         # O_DIRECT readers, each with pinned staging and an upload stream (rocm/ds4_rocm_runtime.cuh @54b36ed)
-        self.pool_in_prefill = hw.gpu.api == "hip" and self.variant.budget.startswith("planner")
-        if self.pool_in_prefill:
+        self.rocm_readers = hw.gpu.api == "hip" and self.variant.budget.startswith("planner")
+        if self.rocm_readers:
             self.pool_workers = ROCM_READ_WORKERS
         # where a miss's bytes come from (§1.8)
         self.buffered = env_set(env, "DS4_CUDA_NO_DIRECT_IO")
@@ -151,7 +150,7 @@ class Ds4:
         mem.set("ram", "pinned staging", staging_buffers * copy_chunk * MIB)
         self.staging_bytes = 0
         self.notices: list[str] = []
-        self._plan_budget(where, cli, hw)
+        self._plan_budget(where, hw)
         self.weight_pcie_bytes = self._place_weights(hw)
         if mem.vram_free() <= 0:
             raise InputError(where, "hardware", hw.name,
@@ -202,7 +201,7 @@ class Ds4:
 
     # --- the budget of the later builds ----------------------------------------------------------
 
-    def _plan_budget(self, where: str, cli: int | None, hw) -> None:
+    def _plan_budget(self, where: str, hw) -> None:
         """The expert budget as the variant's build sizes it (ds4_plan.budget_plan): the planner's dynamic experts
         replace the live budget, its prefill headroom is held as staging from the start, and the planner's own
         accounting replaces the live reserve. CUDA @54b36ed plans a cache but never allocates it (the streaming
@@ -212,22 +211,20 @@ class Ds4:
         if mode == "live":
             return
         flags, env = self.scenario.engine.flags, self.scenario.engine.env
-        text = flags.ssd_streaming_cache_experts
-        env_n = getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_N", None)
-        routed = [self.class_of_layer[i] for i in range(self.n_layers)]
-        dominant = max(range(self.n_classes), key=lambda c: (routed.count(c), -c))  # most layers, first on ties
-        size = self.class_bytes[dominant]
-        requested_bytes = int(text[:-2]) * GIB if text is not None and text.endswith("GB") else None
-        requested_experts = (cli if text is not None and requested_bytes is None
-                             else int(env_n) if env_n is not None and digits(env_n) else None)
+        given = flags.ssd_streaming_cache_experts is not None or getattr(env, "DS4_CUDA_STREAMING_EXPERT_CACHE_N",
+                                                                         None) is not None
+        if mode == "auto-488" and given:  # #488 changes only the no-budget case
+            return
+        requested_bytes = ds4_plan.cache_budget_bytes(flags.ssd_streaming_cache_experts)
+        layers_per_class = np.bincount(self.class_of_layer[: self.n_layers], minlength=self.n_classes)
+        dominant = int(np.argmax(layers_per_class))  # the size most routed layers have, the first on ties
         r = self.resident
-        # the context's memory the cap leaves room for: KV and context buffers (V4.1: its graph figure)
-        context = r.kv + r.context_buffers + (r.compute_buffers if self.family == "deepseek-v4.1" else 0)
         plan = ds4_plan.budget_plan(
             mode, api=hw.gpu.api, working_set=hw.vram_bytes, requested_bytes=requested_bytes,
-            requested_experts=requested_experts, expert_size=size, n_experts=self.n_experts,
-            cacheable_layers=routed.count(dominant), non_routed=r.non_routed, context_bytes=context,
-            fixed_bytes=r.non_routed + r.compute_buffers, where=where)
+            requested_experts=self.budget_experts if given and requested_bytes is None else None,
+            expert_size=self.class_bytes[dominant], n_experts=self.n_experts,
+            cacheable_layers=int(layers_per_class[dominant]), non_routed=r.non_routed,
+            context_bytes=r.context_memory, fixed_bytes=r.vram - r.runtime_reserved, where=where)
         self.notices.extend(plan.notices)
         self.planned_experts = plan.cache_experts
         self.budget_experts = plan.cache_experts
@@ -518,7 +515,8 @@ class Ds4:
         m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
         encoded = self.main.book(self.encode_layer_s, 0, 1, "graph encode")
-        m.gpu.book(other_s + self.decode_link_s[layer], 0, 0, "attention + router", ready_s=encoded)  # the main thread's sync waits for it
+        # the main thread's sync waits for it
+        m.gpu.book(other_s + self.decode_link_s[layer], 0, 0, "attention + router", ready_s=encoded)
         # the sync is booked, not waited on by itself: what comes next starts at its end (ready_s), and the
         # first wait is the ids readback after it
         synced = self.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
@@ -571,7 +569,7 @@ class Ds4:
             n = np.bincount(outcome.astype(np.int64), minlength=4)
             hits, inserts, direct = int(n[HIT]), int(n[INSERT]), int(n[DIRECT])
             fetch = union[outcome != HIT]
-            drive = yield from (self._pool_load(layer, fetch) if self.pool_in_prefill else
+            drive = yield from (self._pool_load(layer, fetch) if self.rocm_readers else
                                 self._load(self.main, layer, fetch))
             yield from self._to_staging(self.main, layer, hits + inserts)
             row.update(lookups=len(union), hits=hits, inserts=inserts)

@@ -91,6 +91,13 @@ def parse_cache_experts_arg(text: str, first_routed_layer_expert_bytes: int) -> 
     return experts
 
 
+def cache_budget_bytes(text: str | None) -> int | None:
+    """`--ssd-streaming-cache-experts NGB` as the byte budget the later builds plan with (N GiB); None for a count
+    or no flag (validated by the Flags model)."""
+    match = None if text is None else _CACHE_ARG.fullmatch(text)
+    return int(match.group(1)) * GIB if match is not None and match.group(2) else None
+
+
 def requested_budget_experts(cli_experts: int | None = None, env_cache_experts: str | None = None) -> int:
     """requested_budget (L1454-1472): env DS4_CUDA_STREAMING_EXPERT_CACHE_N, else the CLI value, else 512;
     clamped to 23424. A non-integer env value is ignored here (our choice; the notes give no message)."""
@@ -456,8 +463,9 @@ def budget_plan(mode: str, *, api: str, working_set: int, requested_bytes: int |
                 requested_experts: int | None, expert_size: int, n_experts: int, cacheable_layers: int, non_routed: int,
                 context_bytes: int, fixed_bytes: int = 0, where: str = "ds4 budget planner",
                 field: str = "engine.flags.ssd-streaming-cache-experts") -> BudgetPlan:
-    """The expert budget of the later builds (see the section above). mode: "auto-488" (#488: the auto count when
-    no budget is given, nothing else changes), "planner" (@54b36ed) or "planner-v41" (#1036); requested_bytes:
+    """The expert budget of the later builds (see the section above). mode: "auto-488" (#488: the auto count; only
+    asked when no budget is given, a given one being the live path's), "planner" (@54b36ed) or "planner-v41"
+    (#1036); requested_bytes:
     the CLI's NGB, requested_experts its N (a count gets no cap and no headroom split: ds4.c L53827); api: the
     profile's GPU interface (the auto budget is Metal's and ROCm's, and CUDA's with #488); fixed_bytes: for the
     V4.1 fit, the static weights and graph the working set also holds; expert_size and cacheable_layers: the
@@ -469,12 +477,11 @@ def budget_plan(mode: str, *, api: str, working_set: int, requested_bytes: int |
         return BudgetPlan(min(requested_experts, cacheable), 0, ())
     if requested_bytes is not None:
         total = requested_bytes
-        if mode != "auto-488":
-            cap = graph_pressure_cap_bytes(working_set, context_bytes)
-            if total > cap:
-                notices.append(f"SSD streaming cache budget {total / GIB:.2f} GiB capped to {cap / GIB:.2f} GiB to "
-                               "stay below the graph working-set pressure budget")
-                total = cap
+        cap = graph_pressure_cap_bytes(working_set, context_bytes)
+        if total > cap:
+            notices.append(f"SSD streaming cache budget {total / GIB:.2f} GiB capped to {cap / GIB:.2f} GiB to "
+                           "stay below the graph working-set pressure budget")
+            total = cap
     elif api in ("metal", "hip") or mode == "auto-488":
         target = working_set * AUTO_CACHE_PCT // 100
         experts = _one_expert_at_least(max(0, target - non_routed), expert_size, cacheable)
@@ -489,8 +496,6 @@ def budget_plan(mode: str, *, api: str, working_set: int, requested_bytes: int |
     else:  # a CUDA build of @54b36ed has no auto budget (ds4.c L405-413): no cache is planned
         return BudgetPlan(0, 0, ("no expert budget given: this CUDA build plans no expert cache "
                                  "(its auto budget is Metal's and ROCm's)",))
-    if mode == "auto-488":
-        return BudgetPlan(_one_expert_at_least(total, expert_size, cacheable), 0, tuple(notices))
     headroom = min(PREFILL_HEADROOM_LAYERS, cacheable_layers) * n_experts * expert_size
     if headroom >= total:
         raise InputError(where, field, f"{total / GIB:.2f} GiB",
@@ -840,7 +845,12 @@ class ResidentSet:
     context_buffers: int  # the prefill's attention context buffers at --ctx
     compute_buffers: int  # compute buffers and scratch (a calibration record)
     runtime_reserved: int  # the driver's and runtime's own reservation (hardware profile)
-    record: str  # the calibration record of compute_buffers
+    record: str  # the calibration record of compute_buffers (V4.1: of its graph, held as context_buffers)
+
+    @property
+    def context_memory(self) -> int:
+        """The context's memory the later builds' budget cap leaves room for: KV and context buffers."""
+        return self.kv + self.context_buffers
 
     @property
     def vram(self) -> int:
@@ -922,9 +932,9 @@ def shared_expert_bytes(layout) -> int:
 def resident_set(layout, family: str, profile, ctx_tokens: int, prefill_cap_tokens: int, domain) -> ResidentSet:
     """VRAM (and pinned host RAM) ds4 holds before the expert cache; `domain` records the calibration use."""
     reserved = profile.runtime_reserved_bytes
-    if family == "deepseek-v4.1":  # the graph (KV and buffers) as one planner figure, from two records
+    if family == "deepseek-v4.1":  # its planner prints KV and buffers as one graph figure: held as the buffers
         graph = v41_graph_bytes(ctx_tokens, domain)
-        return ResidentSet(int(V41_NON_ROUTED_GIB * GIB), 0, 0, 0, graph, reserved, "ds4-v41-graph-8k")
+        return ResidentSet(int(V41_NON_ROUTED_GIB * GIB), 0, 0, graph, 0, reserved, "ds4-v41-graph-8k")
     if family == "deepseek-v4":
         record = domain.use("ds4-flash-buffers-503", "ds4 compute buffers")
         return ResidentSet(int(FLASH_NON_ROUTED_GIB * GIB), 0, flash_kv_bytes(ctx_tokens, prefill_cap_tokens),

@@ -64,8 +64,6 @@ WEIGHT_READ_EFFICIENCY = 0.80             # of the spec DRAM rate: llama.cpp's d
 QSA_ATTENDED_CELLS = 2048                 # QSA reads ~2048 selected cells per query (§2.1)
 
 # -- decode ------------------------------------------------------------------------------------------
-QSA_EVERY = 4                             # every 4th layer is a QSA layer, the rest GDN (12 of 48; the Qwen3-Next
-                                          # family's full_attention_interval 4, hardware-and-gguf.md §4)
 QSA_POOLED_KEY_BYTES_PER_CELL = 128       # the indexer scores one 512 B pooled key per 4 cells, per query (qsa.hpp)
 MTP_DRAFT_DENSE_BYTES = 111 * MIB         # the draft layer's dense weights ("experts 675, dense 111" MiB, logs)
 DECODE_COMMIT_S = 0.5e-3                  # commit + emit after a window: 0.4-0.6 ms on 4090 / V100 decode logs
@@ -193,6 +191,7 @@ class Strata:
             max(STAGER_THREADS_MIN, min(STAGER_THREADS_MAX, int(hw.host.hardware_threads.value) // 4))
         # compute: the profile's figures (calibration records where they were fitted)
         compute = scenario.compute
+        self.weight_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
         self._decode_setup(scenario, hw, layout, machine, domain)
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_layer_s = 0.0 if fixed is None else fixed.value * 1e-6
@@ -200,7 +199,6 @@ class Strata:
         # once at the GPU's DRAM rate + the profile's fixed cost per chunk. The profile's per-token figure is the
         # slope between one-chunk prompts of two lengths (record strata-prefill-5090): what each token adds,
         # the per-chunk costs (these reads, the stream of the experts the cache lacks) being simulated apart.
-        self.weight_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
         self.prefill_token_layer_s = compute.prefill_us_per_token_layer.value * 1e-6
         # VRAM before the cache: derived term by term (strata_plan.vram_before_cache)
         mem = machine.memory
@@ -676,7 +674,6 @@ class Strata:
         weights = sp.pack_weights(layout.name)
         self.head_bytes = weights.head_bytes
         self.dense_layer_bytes = (weights.dense_bytes - weights.head_bytes) / self.n_layers
-        self.gpu_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
         self.layer_latency_s = domain.use("strata-decode-layer-latency",
                                           "Strata's GPU time per decode layer beyond its weights").value * 1e-6
         host = hw.host
@@ -687,13 +684,13 @@ class Strata:
         self.pool = machine.threads(f"strata expert pool ({self.pool_threads} threads)")
         canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
         self.pcie_frac = sp.pcie_frac(self.h2d_pinned / 1e9, canonical_q2_0)
-        self.qsa_layer = (np.arange(self.n_layers) + 1) % QSA_EVERY == 0
+        self.qsa_layer = (np.arange(self.n_layers) + 1) % sp.QSA_EVERY == 0
         drafts = scenario.engine.drafts
         widest = min(self.flags.spec + 2, sp.MAX_VERIFY_TOKENS) if self.flags.spec else 1
         self.window_tokens = min(drafts.window_tokens, widest)
         self.tokens_per_window = min(drafts.tokens_per_window, self.window_tokens)
         # one draft step: the draft layer's dense weights and its top-k Q2_0 experts (all in VRAM), one layer's latency
-        self.draft_step_s = ((MTP_DRAFT_DENSE_BYTES + self.top_k * sp.Q2_0_BLOB_BYTES) * self.gpu_read_s_per_byte
+        self.draft_step_s = ((MTP_DRAFT_DENSE_BYTES + self.top_k * sp.Q2_0_BLOB_BYTES) * self.weight_read_s_per_byte
                              + self.layer_latency_s)
 
     def _decode_window(self, request: int, step_no: int, rows: np.ndarray, emitted: int, context_tokens: int):
@@ -727,12 +724,12 @@ class Strata:
             if drive:
                 yield m.ssd.read(drive, m.ssd.fault_reads(drive), min(self.pool_threads, len(missed)))
         T = len(rows)
-        pre = np.full(L, self.layer_latency_s + self.dense_layer_bytes * self.gpu_read_s_per_byte)
-        pre[self.qsa_layer] += T * context_tokens * QSA_POOLED_KEY_BYTES_PER_CELL * self.gpu_read_s_per_byte
+        pre = np.full(L, self.layer_latency_s + self.dense_layer_bytes * self.weight_read_s_per_byte)
+        pre[self.qsa_layer] += T * context_tokens * QSA_POOLED_KEY_BYTES_PER_CELL * self.weight_read_s_per_byte
         if self.kv_cells is not None and context_tokens > self.kv_cells:  # selected blocks outside the VRAM window
             outside = QSA_ATTENDED_CELLS * (context_tokens - self.kv_cells) / context_tokens
             pre[self.qsa_layer] += outside * sp.KV_BYTES_PER_CELL_LAYER[self.flags.kv] / self.h2d_pinned
-        gpu_exp = (n_hit + n_pcie) * blob * self.gpu_read_s_per_byte + n_pcie * blob / self.h2d_pinned
+        gpu_exp = (n_hit + n_pcie) * blob * self.weight_read_s_per_byte + n_pcie * blob / self.h2d_pinned
         cpu = cpu_bytes / self.pool_bytes_per_s
         ready = m.env.now
         for layer in range(L):
@@ -743,7 +740,7 @@ class Strata:
                 gpu_end = max(gpu_end, self.pool.book(cpu[layer], cpu_bytes[layer], 1, "decode misses (CPU pool)",
                                                       ready))
             ready = gpu_end
-        extras = (self.head_bytes * self.gpu_read_s_per_byte + (T - 1) * self.draft_step_s + DECODE_COMMIT_S)
+        extras = (self.head_bytes * self.weight_read_s_per_byte + (T - 1) * self.draft_step_s + DECODE_COMMIT_S)
         end = m.gpu.book(extras, self.head_bytes, 1, "head, draft, commit", ready)
         yield m.env.timeout(end - m.env.now)
         np.add.at(self.usage, pairs, 1.0)
@@ -785,7 +782,8 @@ class Strata:
         gains, cands, victims = [], [], []
         for layer in range(self.n_layers):
             u = usage[layer]
-            cand = np.flatnonzero(~on_gpu[layer] & (u >= ADAPT_MIN_USAGE) & (self.slot_of[layer * E: (layer + 1) * E] < 0))
+            free_pair = self.slot_of[layer * E: (layer + 1) * E] < 0
+            cand = np.flatnonzero(~on_gpu[layer] & (u >= ADAPT_MIN_USAGE) & free_pair)
             res = np.flatnonzero(on_gpu[layer])
             if not len(cand) or not len(res):
                 continue

@@ -69,7 +69,12 @@ MOE_SET_BYTES_PER_TOKEN = 234_052                  # MoE with MMQ (§4.1)
 QSA_SET_BYTES_PER_TOKEN = 117_248 + 4 * 2048       # 117,248 + 4 x cap, cap ~2048 selected cells (§4.1)
 QSA_BLOCK_SCORE_BYTES_PER_CELL = 256               # 256 x max_blocks x 4 B, max_blocks = cells / 4 + 2 (§4.1)
 QSA_ATTENTION_SCRATCH_BYTES = 26_200_000           # 32 x attn_scratch at cap 2048 (prefill.cpp @ 06f7665f)
-KV_STAGE_BYTES_PER_CELL_INT8 = 1_056               # one QSA layer's INT8 K+V per cell (§2.1, §4.1)
+KV_BYTES_PER_CELL_LAYER = {                        # one QSA layer's K+V per cell (2 KV heads x 256)
+    "int8": 1_056,                                 # kv_q8.hpp: 1,024 B + FP16 group scales (§2.1, §4.1)
+    "fp16": 2_048,                                 # 2 x 2 x 256 x 2 B
+    "k8v4": 816,                                   # §2.1
+    "q4_0": 576,                                   # [derived] GGML Q4_0: 18 B per 32 values, 1,024 values
+}
 
 AUTO_CHUNKS_V0135 = (8192, 6144, 4096, 3072, 2048, 1024, 512, 256)   # plan_lend's --prefill auto list (§3.3)
 INDEPENDENT_CHUNKS_FORK = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024, 512, 256)  # #658 candidates (seed)
@@ -258,7 +263,7 @@ def ring_slots(chunk_tokens: int, pinned_share: float, *, ring_override_slots: i
     return RING_SLOTS_PINNED if pinned_share >= PINNED_SHARE_THRESHOLD else RING_SLOTS_UNPINNED
 
 
-def kv_stage_bytes(max_context_tokens: int, bytes_per_cell: int = KV_STAGE_BYTES_PER_CELL_INT8) -> int:
+def kv_stage_bytes(max_context_tokens: int, bytes_per_cell: int = KV_BYTES_PER_CELL_LAYER["int8"]) -> int:
     """KV stage with --kv-resident streaming: one QSA layer's K/V at max context (264 MiB of INT8 at 262,144,
     §4.1)."""
     return _check_int("kv stage", "max_context_tokens", max_context_tokens) * bytes_per_cell
@@ -648,7 +653,9 @@ AUTO_CHUNK_CEILING_TOKENS = 8192                   # --prefill auto's largest ch
 OWNED_ALLOCATIONS = 35                             # 0.1.40 bytes_needed_owned: "~35 separate cudaMallocs" (§3.4)
 OWNED_PAGE_BYTES = 2 * MIB                         # ... each rounded to a 2 MiB page (§3.4)
 KV_RESIDENT_MIN_CELLS = 20480                      # --kv-resident N: "minimum 20480" (Niko1221/Strata docs/FLAGS.md)
-QSA_LAYERS = 12                                    # Qwen3.8-Flash-Next: 12 QSA sparse-attention layers hold K/V (§2.1)
+QSA_EVERY = 4                                      # every 4th layer is QSA, the rest GDN (the Qwen3-Next family's
+                                                   # full_attention_interval 4, hardware-and-gguf.md §4)
+QSA_LAYERS = 48 // QSA_EVERY                       # Qwen3.8-Flash-Next: 12 QSA sparse-attention layers hold K/V (§2.1)
 DEFAULT_MAX_CONTEXT_TOKENS = 4096                  # Options::max_context (generate.cpp; setup.py writes larger ones)
 DEFAULT_KV = "fp16"                                # Options::kv ("setup" picks int8 above an 8K context)
 
@@ -783,13 +790,8 @@ MTP_KV_BYTES_PER_CELL = 1_184                      # the draft layer's K/V: 1,09
 MTP_WINDOW_CELLS = 32_768                          # with K/V streaming the draft keeps a 32,768-cell ring (Options)
 SESSION_FIXED_BYTES = 121 * MIB                    # GDN states (36 x 3.117 MiB) + ~9 MiB: session_bytes at 0 cells
 SESSION_BYTES_PER_CELL = 1_804                     # indexer pooled keys 12 x 128 + RoPE table 256 + page tables ~12
-KV_BYTES_PER_CELL_LAYER = {                        # one QSA layer's K+V per cell (2 KV heads x 256)
-    "int8": 1_056,                                 # kv_q8.hpp: 1,024 B + FP16 group scales (§2.1)
-    "fp16": 2_048,                                 # 2 x 2 x 256 x 2 B
-    "k8v4": 816,                                   # §2.1
-    "q4_0": 576,                                   # [derived] GGML Q4_0: 18 B per 32 values, 1,024 values
-}
-GPU_VISION_BYTES = 1004 * MIB                      # "8.67 GiB free" vs "7.69 GiB" with the GPU vision encoder (5060 Ti logs)
+# "8.67 GiB free" vs "7.69 GiB" with the GPU vision encoder (5060 Ti logs)
+GPU_VISION_BYTES = 1004 * MIB
 
 
 def pack_weights(model_name: str) -> PackWeights:
@@ -864,7 +866,8 @@ def vram_before_cache(scenario, domain) -> tuple[tuple[str, int], ...]:
 # computes its misses, and the next layer waits for both (expert_pool_dispatch_multi).
 
 PCIE_FRAC_NATIVE = 0.55                            # default share of the misses read over PCIe, native packs
-PCIE_FRAC_CANONICAL_Q2_0 = 0.2                     # the canonical Q2_0 pack's fixed share ("never measured against the link")
+PCIE_FRAC_CANONICAL_Q2_0 = 0.2                     # the canonical Q2_0 pack's fixed share ("never measured
+                                                   # against the link")
 PCIE_PROBE_FULL_GBPS = 20.0                        # probe >= 20 GB/s: the full default share
 PCIE_PROBE_NONE_GBPS = 4.0                         # probe < 4 GB/s: no PCIe share
 PCIE_PROBE_SCALE_GBPS = 26.0                       # between: base x bw / 26 ("measured on x16 links (~26-28 GB/s)")

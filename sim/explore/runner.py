@@ -32,11 +32,12 @@ from sim.units import MIB
 
 # The numbers every row carries: a run's headline (docs/metrics.md). A cache-only replay's rows add
 # REPLAY_METRICS (its tok/s, TTFT... are null): sim.engine.cache_only.FIGURES.
-METRICS = ("cache_slots", "planned_cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads", "prefill_tok_s",
-           "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate", "belady_gap", "ttft_s",
-           "simulated_s", "gpu_idle_s", "vram_peak_mib", "vram_free_mib", "ram_peak_mib")
+METRICS = ("cache_slots", "planned_cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads",
+           "prefill_tok_s", "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate",
+           "belady_gap", "ttft_s", "simulated_s", "gpu_idle_s", "vram_peak_mib", "vram_free_mib", "ram_peak_mib")
 REPLAY_METRICS = ("hit_rate", "misses", "load_bytes")
-COUNTS = ("cache_slots", "planned_cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")  # whole numbers
+# whole numbers
+COUNTS = ("cache_slots", "planned_cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")
 SLOTS_KEY = "engine.flags.slots"  # the replay's slot count: the dimension the one-pass path computes
 EXECUTORS = ("inline", "processes", "dask")
 
