@@ -107,3 +107,25 @@ def test_domain_notes_each_use_once_in_record_order():
     notes = domain.out_of_domain()
     assert len(notes) == 2
     assert "record ds4-flash-buffers-503" in notes[0] and "record ds4-glm52-buffers-neutronstar" in notes[1]
+
+
+@pytest.mark.parametrize("name", ["ds4-504-per-class", "strata-658-borrow"])
+def test_records_read_names_the_engine_records_a_run_reads(name):
+    # the engine's own list (what gives out-of-domain records their spread) against what a run on another box
+    # flags, less the records that reach the run through hardware-profile figures
+    from sim.engine import rules
+
+    path = SCENARIOS / f"{name}.toml"
+    on_4090 = load_scenario(path, {**tomllib.loads(path.read_text()), "hardware": "rtx-4090"})
+    through_profile = {q.record for _, q in on_4090.hardware_profile.quantities() if getattr(q, "record", None)}
+    read = set(rules(on_4090.engine.name).records_read(on_4090))
+    assert read == flagged(short_run(name, "rtx-4090")) - through_profile
+
+
+def test_a_domain_value_stands_in_for_the_record():
+    plain = Domain("strata", "qwen3.8-flash-next-iq3s", "rtx-4090", None)
+    sampled = Domain("strata", "qwen3.8-flash-next-iq3s", "rtx-4090", None, {"strata-decode-layer-latency": 400.0})
+    assert plain.use("strata-decode-layer-latency").value == 229.0
+    assert sampled.use("strata-decode-layer-latency").value == 400.0
+    assert plain.use("strata-short-read").value == sampled.use("strata-short-read").value == 16.0  # not sampled
+    assert sampled.out_of_domain() == plain.out_of_domain()  # the note names the record's own figure

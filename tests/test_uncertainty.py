@@ -121,3 +121,21 @@ def test_with_values_reaches_a_compute_table_whose_key_has_dots():
     changed = with_values(profile, {"compute.qwen3.8-flash-next.prefill_us_per_token_layer": 4.5})
     assert changed.compute["qwen3.8-flash-next"].prefill_us_per_token_layer.value == 4.5
     assert changed.compute["deepseek-v4-flash"] == profile.compute["deepseek-v4-flash"]
+
+
+def test_a_record_read_outside_its_key_varies_over_its_spread():
+    # Strata's decode layer latency was fitted on other cards' logs (223-400 us over the cards behind it): on the
+    # #658 box it is an input, and a longer latency per layer must give a slower decode. The runtime buffers of
+    # that box's platform were fitted on one run: no spread, not an input.
+    path = ROOT / "scenarios" / "strata-658-borrow.toml"
+    data = read_toml(path)
+    data["workload"]["requests"] = [{"prompt_tokens": 600, "decode_tokens": 8, "measured": True}]
+    scenario = load_scenario(path, data)
+    inputs = {i.path: i for i in uncertain_inputs(scenario)}
+    latency = inputs["record.strata-decode-layer-latency"]
+    assert (latency.value, latency.low, latency.high) == (229.0, 223.0, 400.0)
+    assert not any(p.startswith("record.strata-runtime") for p in inputs)
+    point = make_point(path, data, {}, scenario_hash(scenario))
+    result = propagate(point, scenario, 2, metrics=("decode_tok_s",), executor="inline")
+    row = next(r for r in result["sensitivity"] if r["input"] == "record.strata-decode-layer-latency")
+    assert row["decode_tok_s@high"] < row["decode_tok_s@low"]

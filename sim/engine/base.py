@@ -9,6 +9,7 @@ rules (`<name>_plan.py`, pure: no SimPy, no numba kernels)
     plan_memory(scenario)    the memory plan before anything runs: VRAM before the cache, the cache it
                              would size, what does not fit (a dict; `fits` False with a reason)
     knobs(data)              the plan's search space: (primary, secondary) lists of (grid key, candidates)
+    records_read(scenario)   the calibration records (sim/engine/records.py) a run of the scenario reads
     DEFAULT_OBJECTIVE        the summary metric explore.plan maximises by default
 
 process (`<name>.py`, a class built per run)

@@ -14,7 +14,7 @@ published runs (no validation case) names none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.units import GIB, MIB
 
@@ -31,6 +31,10 @@ class Record:
     context: int | None  # the run's context length (tokens), where the figure depends on it
     case: str | None  # the validation case the figure was fitted from (None: fitted on no validation case)
     source: str  # what the figure was fitted on, and how
+    # The figure's spread over the runs it was fitted on (low, high, in `unit`), where there are several: the range
+    # an uncertainty run samples when the figure is used outside its key (sim/explore/uncertainty.py).
+    spread: tuple[float, float] | None = None
+    spread_source: str | None = None
 
     def key_differences(self, engine: str, model: str, hardware: str, context: int | None) -> list[str]:
         """The parts of this record's key a run does not share (empty: in domain)."""
@@ -98,7 +102,8 @@ RECORDS: tuple[Record, ...] = (
            "the mean of 1,241 - 206 MiB (RTX 2080 Ti 11 GB, Linux, 0.1.33: '4.15 GiB free' at sizing, IQ3_S, 262K, "
            "INT8 K/V streamed from 32,768 cells) and 1,049 - 229 MiB (RTX 4090 Laptop 16 GB, Linux, 0.1.38: '6.37 "
            "GiB free', IQ3_S, 262K, INT8 K/V in VRAM); Strata community bench logs (indexed copy 70616566230, "
-           "bench/results/2026-10-04-community-rtx-4090-laptop @ 84f2e9f4)"),
+           "bench/results/2026-10-04-community-rtx-4090-laptop @ 84f2e9f4)",
+           (820.0, 1035.0), "the two Linux boxes the mean is of: 820 MiB (RTX 4090 Laptop) and 1,035 MiB (RTX 2080 Ti)"),
     Record("strata-runtime-windows-cuda", "vram_runtime_buffers", 1368.0, "MiB", "strata", "qwen3.8-flash-next",
            "rtx-5070ti-16gb (Windows)", None, None,
            "1,580 - 212 MiB on an RTX 5070 Ti 16 GB under Windows 11 (0.1.39: '9.07 GiB free' at sizing, IQ3_S, 64K, "
@@ -123,7 +128,9 @@ RECORDS: tuple[Record, ...] = (
     Record("strata-decode-layer-latency", "decode_layer_latency_us", 229.0, "us", "strata", "qwen3.8-flash-next",
            "rtx-3060-12gb+rtx-5080 (logs)", None, None,
            "the mean of 223 us (RTX 3060 decode log, indexed copies 71481068040, 70969607640: P = 21.4 ms per window) "
-           "and 235 us (generate.cpp's layer-split model: 0.33 ms per layer on an RTX 5080)"),
+           "and 235 us (generate.cpp's layer-split model: 0.33 ms per layer on an RTX 5080)",
+           (223.0, 400.0), "the cards behind the figure: 223 us (RTX 3060 log), 235 us (RTX 5080) and 400 us (RTX "
+                           "3090: the same generate.cpp comment's 0.50 ms per layer less its dense weights' read)"),
     # Strata's decode-window reading of a short part (<= --short-read tokens): "about 16 ms/token" (strata-engine.md
     # §3.3, a comment in generate.cpp, validation case S7); the box it was measured on is not named.
     Record("strata-short-read", "short_read_ms_per_token", 16.0, "ms", "strata", "qwen3.8-flash-next",
@@ -147,11 +154,14 @@ def record(record_id: str) -> Record:
 
 
 class Domain:
-    """The out_of_domain notes of one run: which records it used outside their key."""
+    """The out_of_domain notes of one run: which records it used outside their key. `values` (record id -> value)
+    stands in for records' figures: an uncertainty sample of a record's spread."""
 
-    def __init__(self, engine: str, model: str, hardware: str, context: int | None):
+    def __init__(self, engine: str, model: str, hardware: str, context: int | None,
+                 values: dict[str, float] | None = None):
         self.key = (engine, model, hardware, context)
         self.notes: dict[str, str] = {}
+        self.values = dict(values or {})
 
     def use(self, record_id: str, what: str | None = None) -> Record:
         r = BY_ID[record_id]
@@ -159,7 +169,7 @@ class Domain:
         if diff:
             self.notes[f"{r.id}:{what or r.figure}"] = \
                 f"{what or r.figure} = {r.value:g} {r.unit} (record {r.id}): " + "; ".join(diff)
-        return r
+        return replace(r, value=self.values[r.id]) if r.id in self.values else r
 
     def use_profile_figure(self, path: str, quantity) -> float:
         """A hardware-profile figure; if it names a record (fitted there, or derived from it), check that

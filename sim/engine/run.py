@@ -88,7 +88,8 @@ def extent_bytes(layout) -> np.ndarray:
     return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
 
 
-def run_scenario(scenario) -> RunResult:
+def run_scenario(scenario, record_values: dict[str, float] | None = None) -> RunResult:
+    """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures."""
     if scenario.engine.name == "replay":  # no engine: the workload through one cache, counts only
         from sim.engine.cache_only import run_replay
 
@@ -98,7 +99,7 @@ def run_scenario(scenario) -> RunResult:
     env = CountingEnvironment()
     machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout))
     domain = Domain(scenario.engine.name, scenario.layout.name, scenario.hardware_profile.name,
-                    context_tokens(scenario))
+                    context_tokens(scenario), record_values)
     domain.use_profile(scenario.hardware_profile, scenario.compute_key)
     engine = process_class(scenario.engine.name)(scenario, routing, recorder, machine, domain)
     timings: list[dict] = []

@@ -839,6 +839,12 @@ def runtime_record_id(profile) -> str:
     return "strata-runtime-windows-cuda" if profile.os == "windows" else "strata-runtime-linux-cuda"
 
 
+def records_read(scenario) -> tuple[str, ...]:
+    """The calibration records (sim/engine/records.py) a run of the scenario reads: the runtime buffers of its
+    platform, the decode window's layer latency and a short part's window time."""
+    return (runtime_record_id(scenario.hardware_profile), "strata-decode-layer-latency", "strata-short-read")
+
+
 def vram_before_cache(scenario, domain) -> tuple[tuple[str, int], ...]:
     """What VRAM holds when Strata reads free memory to size its cache, by name (bytes): the driver's context
     (the hardware profile), Strata's runtime buffers (a record), the pack's dense weights, the MTP draft layer,

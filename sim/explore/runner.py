@@ -63,7 +63,8 @@ class Point:
     base_hash: str
     scenario_hash: str | None = None
     error: str | None = None  # the combination does not load (the loader's one-line error)
-    # hardware-profile figures set for this point (dotted key -> value): an uncertainty sample
+    # hardware-profile figures (dotted key -> value) and calibration records (record.<id> -> value) set for this
+    # point: an uncertainty sample
     profile_values: dict | None = None
 
 
@@ -173,11 +174,13 @@ def evaluate(point: Point) -> dict:
     start = time.perf_counter()
     try:
         scenario = load_scenario_data(point.scenario_path, point.data)
+        record_values = None
         if point.profile_values:
-            from sim.explore.uncertainty import with_values
+            from sim.explore.uncertainty import split_values, with_values
 
-            scenario._hardware_profile = with_values(scenario.hardware_profile, point.profile_values)
-        summary = run_scenario(scenario).summary
+            profile_values, record_values = split_values(point.profile_values)
+            scenario._hardware_profile = with_values(scenario.hardware_profile, profile_values)
+        summary = run_scenario(scenario, record_values).summary
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
         return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
     notices = list(dict.fromkeys(summary.get("notices", [])))

@@ -7,7 +7,9 @@
 
 Every hardware-profile figure tagged as an estimate ("[E ...]") carries a range: its own `range = [LOW, HIGH]`
 where the profile gives one, else its field's rule (RULES: a factor range around the estimate, with the source
-that bounds it). Measured and spec figures ([M], [S], [H]) are taken as they are. A run under uncertainty is the
+that bounds it). Measured and spec figures ([M], [S], [H]) are taken as they are. An engine cost fitted elsewhere
+(a calibration record, sim/engine/records.py) that the run reads outside its key is an estimate too: it varies
+over the spread of the runs it was fitted on, where the record has one (`record.<id>` inputs). A run under uncertainty is the
 same scenario with the inputs set to each sample's values; the routing is the scenario's own (the same seed), so
 every sample sees the same tokens (common random numbers) and differences come from the inputs alone.
 """
@@ -68,6 +70,7 @@ RULES: tuple[tuple[str, float, float, str], ...] = (
     ("unified.gpu_allocatable_gib", 0.85, 1.0, "the share the GPU may hold is a driver/OS setting, at most the pool"),
 )
 INTEGER_INPUTS = ("host.hardware_threads", "host.physical_cores")
+RECORD_INPUT = "record."  # an input naming a calibration record: record.<id>
 SSD_TABLE = "ssd.read_gbps_by_queue_depth"  # its points must keep rising with the queue depth: one factor for all
 
 
@@ -111,7 +114,32 @@ def uncertain_inputs(scenario) -> list[Input]:
             continue
         low, high, why = rule
         found.append(Input(path, q.value, q.value * low, q.value * high, why))
+    return found + record_inputs(scenario)
+
+
+def record_inputs(scenario) -> list[Input]:
+    """The calibration records the scenario's engine reads outside their key (engine, model, hardware, context),
+    each over the spread of the runs it was fitted on; a record fitted on one run has no spread and stays as is."""
+    from sim.engine import names, rules
+    from sim.engine.records import BY_ID
+    from sim.engine.run import context_tokens
+
+    if scenario.engine.name not in names():
+        return []
+    key = (scenario.engine.name, scenario.layout.name, scenario.hardware_profile.name, context_tokens(scenario))
+    found = []
+    for record_id in rules(scenario.engine.name).records_read(scenario):
+        r = BY_ID[record_id]
+        if r.spread is not None and r.key_differences(*key):
+            found.append(Input(RECORD_INPUT + r.id, r.value, r.spread[0], r.spread[1], r.spread_source))
     return found
+
+
+def split_values(values: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """A sample's values as (hardware-profile figures, calibration records by id)."""
+    profile = {k: v for k, v in values.items() if not k.startswith(RECORD_INPUT)}
+    records = {k[len(RECORD_INPUT):]: v for k, v in values.items() if k.startswith(RECORD_INPUT)}
+    return profile, records
 
 
 def latin_hypercube(inputs: list[Input], n: int, seed: int = 0) -> np.ndarray:
@@ -215,5 +243,6 @@ def rank_sensitivity(table: list[dict], metric: str) -> list[dict]:
     return sorted(table, key=swing, reverse=True)
 
 
-__all__ = ["INTEGER_INPUTS", "Input", "RULES", "latin_hypercube", "propagate", "quantiles", "rank_sensitivity",
-           "rule_for", "sample_points", "swing_points", "uncertain_inputs", "with_values"]
+__all__ = ["INTEGER_INPUTS", "Input", "RECORD_INPUT", "RULES", "latin_hypercube", "propagate", "quantiles",
+           "rank_sensitivity", "record_inputs", "rule_for", "sample_points", "split_values", "swing_points",
+           "uncertain_inputs", "with_values"]
