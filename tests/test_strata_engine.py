@@ -15,11 +15,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
+from sim.engine import process_class
 from sim.engine import strata_plan as sp
-from sim.engine.run import run_scenario
+from sim.engine.records import Domain
+from sim.engine.run import extent_bytes, run_scenario
+from sim.engine.strata import FILE as FILE_HOME, PINNED_STAGING_BUFFERS, RAM_PAGEABLE as RAM_HOME
+from sim.engine.strata import RUNNING_STATE_BYTES, session_bytes
+from sim.engine.timeline import Recorder
+from sim.engine.workload import workload_routing
 from sim.errors import InputError
-from sim.engine.strata import PINNED_STAGING_BUFFERS, RUNNING_STATE_BYTES, session_bytes
+from sim.machine import Machine
 from sim.scenario import load_scenario
 from sim.units import GIB, MIB
 from tests.conftest import profile_with
@@ -360,3 +367,71 @@ def test_a_slower_cpu_pool_slows_a_miss_bound_decode(tmp_path):
     assert slow.summary["decode_tok_s"] < 0.6 * fast.summary["decode_tok_s"]
     pool = [lk for lk in fast.summary["links"] if lk["link"].startswith("strata expert pool")]
     assert pool and pool[0]["busy_s"] > 0
+
+
+def startup(path: Path):
+    """A Strata process after startup (cache filled, loan planned, RAM laid out), before it serves anything."""
+    scenario = load_scenario(path)
+    machine = Machine(simpy.Environment(), scenario.hardware_profile, extent_bytes(scenario.layout))
+    domain = Domain("strata", scenario.layout.name, scenario.hardware_profile.name, None)
+    domain.use_profile(scenario.hardware_profile, scenario.compute_key)
+    return process_class("strata")(scenario, workload_routing(scenario), Recorder(), machine, domain)
+
+
+BUDGET_1900 = {"expert-cache": 1900, "resident-experts": None, "resident-budget-gib": 32, "max-context": 65536}
+
+
+def budget_box(tmp_path, name, variant, requests=((2000, 8),)):
+    return scenario_file(tmp_path, name, variant=variant, flags=BUDGET_1900, requests=requests,
+                         hardware="rtx-5080-16gb-windows", model="qwen3.8-flash-next-huihui-iq3s")
+
+
+def test_an_adaptive_swap_exchanges_ram_copies_only_when_the_victim_has_none(tmp_path):
+    # exchange_cache_complement (src/core/expert_source.cpp): "out takes in's place in the compact copy ... False,
+    # and nothing changed, unless in is in the copy and out is not"
+    e = startup(budget_box(tmp_path, "swap", "v0.1.40-live-guarded"))
+    E, layer = e.n_experts, 0
+    pairs = np.arange(layer * E, (layer + 1) * E)
+    resident, absent = pairs[e.on_gpu[pairs]], pairs[~e.on_gpu[pairs]]
+    victims, cands = resident[:3], absent[:3]  # ascending ids: the tier pairs victims and candidates in this order
+    e.home[victims] = [FILE_HOME, RAM_HOME, RAM_HOME]
+    e.home[cands] = [RAM_HOME, FILE_HOME, RAM_HOME]
+    e.usage[:] = 0.0
+    e.usage[resident] = 5.0
+    e.usage[victims], e.usage[cands] = 0.0, 10.0
+    slots = e.slot_of[victims].copy()
+    swapped, _, d2h, file_reads = e._adapt()
+    assert swapped == 3 and (e.slot_of[cands] == slots).all() and e.on_gpu[cands].all() and not e.on_gpu[victims].any()
+    # in RAM, victim without a copy: exchanged (the victim's bytes go device -> host into the candidate's place)
+    assert e.home[victims[0]] == RAM_HOME and e.home[cands[0]] == FILE_HOME
+    assert d2h == e.pair_blob[victims[0]]
+    # from the file tier into a covered slot: the victim keeps its copy, the candidate has none
+    assert e.home[victims[1]] == RAM_HOME and e.home[cands[1]] == FILE_HOME and file_reads == 1
+    # both in RAM: each keeps its own (the candidate's copy becomes a GPU-backed duplicate)
+    assert e.home[victims[2]] == RAM_HOME and e.home[cands[2]] == RAM_HOME
+
+
+def test_a_donor_is_a_gpu_backed_duplicate_before_a_ram_only_expert(tmp_path):
+    # LIVE_MEMORY.md: "GPU-backed duplicates are preferred, followed by the coldest measured RAM occupant"
+    e = startup(budget_box(tmp_path, "donor", "v0.1.40-live"))
+    E, layer = e.n_experts, 0
+    pairs = np.arange(layer * E, (layer + 1) * E)
+    resident, absent = pairs[e.on_gpu[pairs]], pairs[~e.on_gpu[pairs]]
+    lent, duplicate = resident[:1], resident[1]
+    e.home[pairs] = FILE_HOME
+    e.home[duplicate] = RAM_HOME
+    e.home[absent[:2]] = RAM_HOME  # RAM-only experts
+    list(e._donate(lent))
+    assert e.home[lent[0]] == RAM_HOME and e.home[duplicate] == FILE_HOME and (e.home[absent[:2]] == RAM_HOME).all()
+
+
+def test_swaps_leave_guarded_loans_outside_ram_and_donors_cover_them(tmp_path):
+    # LIVE_MEMORY.md: guarded borrowing's later prompts needed file fallback after adaptive swaps; with current-loan
+    # coverage "every candidate loan ... had complete RAM coverage and zero additional refill file-blob reads"
+    requests = ((2000, 256), (2000, 256))
+    guarded, _ = run_file(budget_box(tmp_path, "guarded", "v0.1.40-live-guarded", requests))
+    covered, st = run_file(budget_box(tmp_path, "covered", "v0.1.40-live", requests))
+    first = guarded.steps[(guarded.steps["request"] == 0) & (guarded.steps["phase"] == "prefill")]
+    assert first["file_blob_reads"].sum() == 0  # the startup loan is covered from the budget
+    assert guarded.summary["file_blob_reads"] > 0
+    assert covered.summary["file_blob_reads"] == 0 and st["live_memory_donor_copies"] > 0

@@ -486,7 +486,7 @@ class Strata:
         if loan.first_lent_slot is not None and loan.changed:
             first = loan.first_lent_slot
             lent_pairs = self.pair_of_slot[first:]
-            if self.build.live_memory:
+            if self.build.loan_donors:
                 yield from self._donate(lent_pairs)
             self.on_gpu[lent_pairs] = False
             self.loan_first = first
@@ -494,8 +494,10 @@ class Strata:
         return loan.want_tokens
 
     def _donate(self, lent_pairs: np.ndarray):
-        """Live memory's donors: for each lent pair whose bytes are only on the GPU, the coldest RAM-only pair
-        of its layer that is not lent gives up its RAM slot; the lent pair's bytes go device -> host there."""
+        """Live memory's donors ("Refreshing current loan coverage", docs/LIVE_MEMORY.md): for each lent pair whose
+        bytes are only on the GPU, a same-layer pair that is not lent gives up its RAM slot, "GPU-backed duplicates
+        ... preferred, followed by the coldest measured RAM occupant" (coldest by profile rank here); the lent
+        pair's bytes go device -> host there."""
         uncovered = lent_pairs[self.home[lent_pairs] == FILE]
         if not len(uncovered):
             return
@@ -508,8 +510,9 @@ class Strata:
             want = uncovered[uncovered // self.n_experts == layer]
             lo, hi = layer * self.n_experts, (layer + 1) * self.n_experts
             pairs = np.arange(lo, hi)
-            donors = pairs[(self.home[lo:hi] != FILE) & ~self.on_gpu[lo:hi] & ~lent_mask[lo:hi]]
-            donors = donors[np.argsort(-rank[donors], kind="stable")]  # coldest first
+            donors = pairs[(self.home[lo:hi] != FILE) & ~lent_mask[lo:hi]]
+            # GPU-backed duplicates (their bytes stay in a GPU slot) first, then RAM-only pairs, coldest first
+            donors = donors[np.lexsort((-rank[donors], ~self.on_gpu[donors]))]
             n = min(len(want), len(donors))
             self.home[want[:n]] = self.home[donors[:n]]
             self.home[donors[:n]] = FILE
@@ -774,8 +777,13 @@ class Strata:
     def _adapt(self) -> tuple[int, int, int, int]:
         """Adaptive tier: per layer pair the hottest non-resident pairs (usage >= 2) with the coldest resident
         ones while candidate >= victim + 1.5; best gains first, at most adapt-swaps. The incoming blob is copied
-        into the victim's slot on a side stream (the decode does not wait); in the resident modes the victim's
-        bytes go device -> host and take the incoming pair's place in RAM (homes exchanged)."""
+        into the victim's slot on a side stream (the decode does not wait). RAM copies follow
+        exchange_cache_complement (src/core/expert_source.cpp, indexed copy 70874746903) and resident_stage_swaps
+        (generate.cpp @ 0083bb7a, which skips the exchange when the victim's lend-region copy is in RAM already or
+        the incoming pair has none): only when the incoming pair has a RAM copy and the victim has none do the
+        victim's bytes go device -> host into the incoming pair's RAM place (homes exchanged); otherwise each keeps
+        what it had, so an incoming pair from the file tier lands in the victim's slot without a RAM copy and a
+        covered victim keeps its lend copy ("Adaptive swaps left later borrowers outside RAM", LIVE_MEMORY.md)."""
         E = self.n_experts
         usage = self.usage.reshape(self.n_layers, E)
         on_gpu = self.on_gpu.reshape(self.n_layers, E)
@@ -809,16 +817,18 @@ class Strata:
         self.slot_of[cand], self.slot_of[victim] = slots, -1
         self.pair_of_slot[slots] = cand
         self.on_gpu[cand], self.on_gpu[victim] = True, False
-        self.home[cand], self.home[victim] = self.home[victim], homes_in
+        # the arena holds every pair, so no victim lacks a RAM copy there and nothing is exchanged
+        exchange = (homes_in != FILE) & (self.home[victim] == FILE)
+        self.home[victim[exchange]] = homes_in[exchange]
+        self.home[cand[exchange]] = FILE
         h2d = int(blobs.sum())
         pinned = int(blobs[homes_in == RAM_PINNED].sum())
         seconds = len(cand) * self.copy_lat_s + pinned / self.h2d_pinned + (h2d - pinned) / self.h2d_pageable
         self.m.h2d.book(seconds, h2d, len(cand), "adaptive swap")  # a side stream: nobody waits for it
         d2h = 0
-        to_ram = homes_in != FILE  # the victim takes the incoming pair's place in RAM (none in the file tier)
-        if self.flags.ram_mode != "arena" and to_ram.any():
-            d2h = int(self.pair_blob[victim[to_ram]].sum())
-            self.m.d2h.book(int(to_ram.sum()) * self.copy_lat_s + d2h / self.d2h_pageable, d2h, int(to_ram.sum()),
+        if exchange.any():
+            d2h = int(self.pair_blob[victim[exchange]].sum())
+            self.m.d2h.book(int(exchange.sum()) * self.copy_lat_s + d2h / self.d2h_pageable, d2h, int(exchange.sum()),
                             "adaptive swap")
         self.swaps += len(cand)
         return len(cand), h2d, d2h, int((homes_in == FILE).sum())
