@@ -435,3 +435,16 @@ def test_swaps_leave_guarded_loans_outside_ram_and_donors_cover_them(tmp_path):
     assert first["file_blob_reads"].sum() == 0  # the startup loan is covered from the budget
     assert guarded.summary["file_blob_reads"] > 0
     assert covered.summary["file_blob_reads"] == 0 and st["live_memory_donor_copies"] > 0
+
+
+def test_a_default_reserve_adapts_to_fund_the_smallest_loan_and_a_given_one_does_not(tmp_path):
+    # #496 (vram_plan.cpp): an 8 GB laptop's default 700 MiB reserve leaves fewer slots than a 256-token loan + 128;
+    # the startup plan lowers it to what leaves that many; a reserve on the command line is kept
+    flags = {"expert-cache": "auto", "vram-reserve-mib": None, "resident-experts": None, "resident-budget-gib": 40.0,
+             "max-context": 65536, "kv-resident": 32768}
+    box = dict(variant="v0.1.40-live", hardware="rtx-4070-laptop-8gb-windows", requests=((1137, 2),))
+    r, st = run_file(scenario_file(tmp_path, "default", flags=flags, **box))
+    assert 300 <= st["vram_reserve_mib"] < 700 and any("(#496)" in n for n in st["notices"])
+    assert r.summary["lent_slots"] > 0 and st["cache_slots"] >= st["plan_lend"]["lent_slots"] + sp.MIN_KEEP_SLOTS
+    _, given = run_file(scenario_file(tmp_path, "given", flags={**flags, "vram-reserve-mib": 700}, **box))
+    assert given["vram_reserve_mib"] == 700 and given["plan_lend"]["owned"]

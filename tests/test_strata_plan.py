@@ -416,3 +416,12 @@ def test_the_minimum_loan_of_the_pressure_floor_case():
     need = sp.bytes_needed(256, 8, sp.kv_stage_bytes(65_536), per_token_bytes=build.prefill_bytes_per_token,
                            max_cells=65_536)
     assert need / MiB == pytest.approx(359.7, rel=0.01)
+
+
+def test_the_default_reserve_gives_way_to_a_working_cache():
+    # tests/core/vram_plan_test.cpp Case F (Niko1221/Strata): 700 MiB free, the default 700 MiB reserve, 2 MiB slots,
+    # a 256-token loan of 16 slots + the 128 kept = 144 slots: "the adapted reserve leaves 144 slots" = 412 MiB
+    assert sp.adapted_vram_reserve(700 * MiB, 700 * MiB, 0, 0, 144, 2 * MiB) == 412 * MiB
+    assert sp.adapted_vram_reserve(700 * MiB, 700 * MiB, 0, 144, 144, 2 * MiB) == 700 * MiB  # the cache suffices
+    assert sp.adapted_vram_reserve(500 * MiB, 700 * MiB, 0, 0, 144, 2 * MiB) == 700 * MiB  # 300 MiB cannot either
+    assert sp.adapted_vram_reserve(700 * MiB, 300 * MiB, 0, 0, 144, 2 * MiB) == 300 * MiB  # at the floor already

@@ -300,6 +300,19 @@ class Strata:
         self.pricing = self._pricing(self.pinned_share)
         # 1-2: size the cache (#765 books an owned prompt path first), then the post-write check
         owned_chunk = explicit or sp.NO_BORROW_CHUNK_TOKENS
+        if flags.expert_cache == "auto" and build.startup_plan and "vram_reserve_mib" not in flags.model_fields_set:
+            # #496: a default reserve that leaves too small a working cache gives way, before the prompt path is
+            # planned (the cache it leaves is counted as the sized walk would lay it out)
+            first = sp.auto_expert_cache(ranked_blobs, self.max_blob, free, reserve,
+                                         mtp_bind_bytes=self.draft_head_bind)
+            needed = sp.min_working_slots(self.pricing, borrow)
+            adapted = sp.adapted_vram_reserve(free, reserve, self.draft_head_bind, first.slots, needed, self.max_blob)
+            if adapted != reserve:
+                self.notices.append(f"expert cache: the {flags.vram_reserve_mib} MiB reserve leaves {first.slots} "
+                                    f"slots, a working cache needs {needed}: a {adapted / MIB:.0f} MiB reserve "
+                                    "instead (#496)")
+                reserve = adapted
+        self.vram_reserve = reserve
         if flags.expert_cache == "auto":
             if build.startup_plan and not borrow:
                 owned_bytes = self.pricing.need_owned(owned_chunk)
@@ -318,13 +331,13 @@ class Strata:
         cache = shrink.cache
         for free_read, give in shrink.rounds:
             self.notices.append(f"expert cache: {free_read / MIB:.0f} MiB free after the write, below the "
-                                f"{flags.vram_reserve_mib} MiB reserve: giving back {give / MIB:.0f} MiB")
+                                f"{reserve / MIB:.0f} MiB reserve: giving back {give / MIB:.0f} MiB")
         self.cache = cache
         self.slots = cache.slots
         mem.set("vram", "expert cache", cache.bytes)
         mem.set("vram", "MTP draft head", self.draft_head_bind)  # bound after the cache, booked before it
         self.notices.append(f"expert cache: {cache.slots} slots, {cache.bytes / MIB:.0f} MiB ({how}; "
-                            f"{free / MIB:.0f} MiB free at sizing, reserve {flags.vram_reserve_mib} MiB)")
+                            f"{free / MIB:.0f} MiB free at sizing, reserve {reserve / MIB:.0f} MiB)")
         # 3: profile fill in rank order
         self.pair_of_slot = self.rank_pairs[: self.slots].copy()
         self.slot_of = np.full(self.n_layers * self.n_experts, -1, dtype=np.int64)
@@ -362,10 +375,10 @@ class Strata:
                 self.buffer_bytes = dict(offers)[chosen]
                 self.notices.append(f"prefill: independent buffers for {chosen}-token chunks, "
                                     f"{self.buffer_bytes / MIB:.0f} MiB ({free_after_cache / MIB:.0f} MiB free after "
-                                    f"the cache, reserve {flags.vram_reserve_mib} MiB kept)")
+                                    f"the cache, reserve {reserve / MIB:.0f} MiB kept)")
             else:
                 self.notices.append(f"prefill: no independent buffer fits {free_after_cache / MIB:.0f} MiB free - "
-                                    f"{flags.vram_reserve_mib} MiB reserve; borrowing")
+                                    f"{reserve / MIB:.0f} MiB reserve; borrowing")
         if not self.owned:
             self.notices.append(f"prefill: borrowing up to {plan.lent_slots} slots ({plan.lend_bytes / MIB:.0f} MiB) "
                                 f"for {plan.chunk_tokens}-token chunks (ring {self.pricing.ring(plan.chunk_tokens)})")
@@ -988,6 +1001,7 @@ class Strata:
             "vram_before_cache": {name: n / MIB for name, n in self.vram_before},
             "draft_head_bind_mib": self.draft_head_bind / MIB,
             "vram_free_at_sizing_mib": self.free_at_sizing / MIB,
+            "vram_reserve_mib": self.vram_reserve / MIB,  # the reserve the cache was sized with (#496 may lower it)
             "vram_record": self.vram_record,
             "kv_resident_cells": self.kv_cells,
             "ram_plan": None if ram is None else {

@@ -653,11 +653,37 @@ AUTO_CHUNK_CEILING_TOKENS = 8192                   # --prefill auto's largest ch
 OWNED_ALLOCATIONS = 35                             # 0.1.40 bytes_needed_owned: "~35 separate cudaMallocs" (§3.4)
 OWNED_PAGE_BYTES = 2 * MIB                         # ... each rounded to a 2 MiB page (§3.4)
 KV_RESIDENT_MIN_CELLS = 20480                      # --kv-resident N: "minimum 20480" (Niko1221/Strata docs/FLAGS.md)
+SMALL_RESERVE_MIB = 300                            # #496: the adapted default reserve's floor (vram_plan.hpp
+                                                   # small_reserve_mib @ 0cb61d22)
+MIN_LOAN_CHUNK_TOKENS = 256                        # the smallest prompt chunk a loan is priced for (vram_plan.cpp)
 QSA_EVERY = 4                                      # every 4th layer is QSA, the rest GDN (the Qwen3-Next family's
                                                    # full_attention_interval 4, hardware-and-gguf.md §4)
 QSA_LAYERS = 48 // QSA_EVERY                       # Qwen3.8-Flash-Next: 12 QSA sparse-attention layers hold K/V (§2.1)
 DEFAULT_MAX_CONTEXT_TOKENS = 4096                  # Options::max_context (generate.cpp; setup.py writes larger ones)
 DEFAULT_KV = "fp16"                                # Options::kv ("setup" picks int8 above an 8K context)
+
+
+def adapted_vram_reserve(free_vram_bytes: int, reserve_bytes: int, mtp_bind_bytes: int, cache_slots: int,
+                         min_slots: int, max_blob_bytes: int) -> int:
+    """#496 in the startup plan (plan_startup_vram, src/prefill/vram_plan.cpp @ 0cb61d22): an auto cache whose
+    default reserve (not given on the command line, above 300 MiB) leaves fewer than `min_slots` slots gets the
+    reserve that leaves exactly min_slots uniform slots of max_blob, never below 300 MiB nor above the default; the
+    reserve is kept when even 300 MiB cannot. min_slots: the 256-token loan's slots + the 128 kept when borrowing
+    (min_working_slots), 1 otherwise. Returns the reserve to size the cache with."""
+    if reserve_bytes <= SMALL_RESERVE_MIB * MIB or cache_slots >= min_slots:
+        return reserve_bytes
+    fit_mib = (free_vram_bytes - mtp_bind_bytes - min_slots * max_blob_bytes) // MIB
+    if fit_mib < SMALL_RESERVE_MIB:
+        return reserve_bytes
+    return min(fit_mib * MIB, reserve_bytes)
+
+
+def min_working_slots(pricing: "Pricing", borrow: bool) -> int:
+    """#496's working cache: the uniform slots (max_blob each) of a 256-token loan plus the 128 a loan leaves, when
+    the prompt path borrows; one slot otherwise."""
+    if not borrow:
+        return 1
+    return -(-pricing.need(MIN_LOAN_CHUNK_TOKENS) // pricing.max_blob_bytes) + MIN_KEEP_SLOTS
 
 
 @dataclass(frozen=True)
