@@ -448,3 +448,22 @@ def test_a_default_reserve_adapts_to_fund_the_smallest_loan_and_a_given_one_does
     assert r.summary["lent_slots"] > 0 and st["cache_slots"] >= st["plan_lend"]["lent_slots"] + sp.MIN_KEEP_SLOTS
     _, given = run_file(scenario_file(tmp_path, "given", flags={**flags, "vram-reserve-mib": 700}, **box))
     assert given["vram_reserve_mib"] == 700 and given["plan_lend"]["owned"]
+
+
+def test_mapped_experts_have_no_ram_copy_and_take_the_unpinned_ring(tmp_path):
+    # --mmap-experts alone (docker/entrypoint-hip.sh): every expert the GPU lacks is read from the mapped files, so
+    # nothing is pinned: the 96-slot ring and the 85 % lend share (strata-engine.md §3.2, §3.3); a lent expert is
+    # refilled from the files
+    r, st = run_file(scenario_file(tmp_path, "mmap", variant="v0.1.39b",
+                                   flags={"resident-experts": None, "mmap-experts": True}, requests=((9000, 8),)))
+    assert st["ram_mode"] == "mmap" and st["pinned_share"] == 0.0 and st["ram_plan"] is None
+    assert st["ring_slots"] == sp.RING_SLOTS_UNPINNED
+    assert r.summary["file_blob_reads"] == st["lent_slots"] > 0
+
+
+def test_the_decode_knobs_of_the_rocm_container(tmp_path):
+    # --pcie-frac 0: no missed expert crosses PCIe; --adapt-every 0: no adaptive swap (docker/entrypoint-hip.sh)
+    flags = {"pcie-frac": 0.0, "adapt-every": 0}
+    r, st = run_file(scenario_file(tmp_path, "knobs", flags=flags, requests=((200, 64),)))
+    decode = r.steps[r.steps["phase"] == "decode"]
+    assert st["adaptive_swaps"] == 0 and decode["inserts"].sum() == 0 and decode["h2d_bytes"].sum() == 0

@@ -420,6 +420,10 @@ class Strata:
                                     f"{self.available_ram / GIB:.2f} GiB of RAM available")
             mem.set("ram", "expert arena", self.total_expert_bytes)
             return
+        if mode == "mmap":  # every pair the GPU lacks comes from the mapped files: no RAM copy, no headroom rule
+            self.resident_alloc = 0
+            mem.set("ram", "resident experts", 0)
+            return
         headroom = sp.resident_headroom_bytes(mode, env.STRATA_RESIDENT_HEADROOM_GIB)
         if self.build.conversation_headroom:
             headroom = sp.conversation_expert_headroom(
@@ -699,7 +703,8 @@ class Strata:
                                     host.dram_bandwidth_gbps.value) * 1e9
         self.pool = machine.threads(f"strata expert pool ({self.pool_threads} threads)")
         canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
-        self.pcie_frac = sp.pcie_frac(self.h2d_pinned / 1e9, canonical_q2_0)
+        self.pcie_frac = sp.pcie_frac(self.h2d_pinned / 1e9, canonical_q2_0) if self.flags.pcie_frac is None \
+            else self.flags.pcie_frac
         self.qsa_layer = (np.arange(self.n_layers) + 1) % sp.QSA_EVERY == 0
         drafts = scenario.engine.drafts
         widest = min(self.flags.spec + 2, sp.MAX_VERIFY_TOKENS) if self.flags.spec else 1
@@ -762,7 +767,7 @@ class Strata:
         np.add.at(self.usage, pairs, 1.0)
         self.rounds += 1
         inserts = d2h = h2d = file_reads = 0
-        if self.rounds % self.flags.adapt_every == 0 and self.flags.adapt_swaps:
+        if self.flags.adapt_every and self.rounds % self.flags.adapt_every == 0 and self.flags.adapt_swaps:
             inserts, h2d, d2h, file_reads = self._adapt()
         pair_hits = self.on_gpu[pairs]
         self.rec.step(request=request, phase="decode", step=step_no, layer=-1, start_s=start, end_s=m.env.now,

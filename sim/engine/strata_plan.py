@@ -993,7 +993,10 @@ class Flags(Strict):
     no_prefill_borrow: bool = Field(False, alias="no-prefill-borrow")
     # A profile ranking (layer, expert) pairs; "@trace" ranks them by the scenario trace's own counts.
     expert_profile: Annotated[str, Field(min_length=1)] | None = Field(None, alias="expert-profile")
-    # RAM mode: arena (default), resident-experts, or resident-budget-gib G (§3.5).
+    # RAM mode: arena (default), resident-experts, or resident-budget-gib G (§3.5); --mmap-experts alone serves
+    # every expert the GPU lacks from the mapped model files (no RAM copy: the page cache), as the ROCm container
+    # does ("ROCm: large pinned allocations fail even with free RAM", docker/entrypoint-hip.sh)
+    mmap_experts: bool = Field(False, alias="mmap-experts")
     resident_experts: bool = Field(False, alias="resident-experts")
     resident_budget_gib: Annotated[float, Field(gt=0)] | None = Field(None, alias="resident-budget-gib")
     max_context: Annotated[int, Field(ge=256)] = Field(DEFAULT_MAX_CONTEXT_TOKENS, alias="max-context")
@@ -1008,7 +1011,9 @@ class Flags(Strict):
     conversation_cache_min_free_mib: Annotated[int, Field(ge=0)] = Field(2560, alias="conversation-cache-min-free-mib")
     prompt_cache: Annotated[int, Field(ge=0)] = Field(6, alias="prompt-cache")  # in-session checkpoints
     prompt_cache_every: Annotated[int, Field(ge=1)] = Field(16384, alias="prompt-cache-every")
-    adapt_every: Annotated[int, Field(ge=1)] = Field(4, alias="adapt-every")
+    adapt_every: Annotated[int, Field(ge=0)] = Field(4, alias="adapt-every")  # 0: no adaptive tier
+    # --pcie-frac: the share of a window's missed experts the GPU reads over PCIe; unset: the startup probe's rule
+    pcie_frac: Annotated[float, Field(ge=0, le=1)] | None = Field(None, alias="pcie-frac")
     adapt_swaps: Annotated[int, Field(ge=0)] = Field(96, alias="adapt-swaps")
     short_read: Annotated[int, Field(ge=0)] = Field(64, alias="short-read")
     # --live-prefill-min-retained N (0..128, live memory): the slots a prompt loan may leave unlent under pressure
@@ -1021,7 +1026,9 @@ class Flags(Strict):
     def ram_mode(self) -> str:
         if self.resident_budget_gib is not None:
             return "resident-budget"
-        return "resident-experts" if self.resident_experts else "arena"
+        if self.resident_experts:
+            return "resident-experts"
+        return "mmap" if self.mmap_experts else "arena"
 
     @property
     def kv_resident_cells(self) -> int | None:
