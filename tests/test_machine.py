@@ -186,6 +186,16 @@ def test_page_cache_evicts_least_recent_bytes():
     assert cache.used_bytes == 0
 
 
+def test_page_cache_takes_more_extents_while_empty():
+    cache = PageCache(np.array([4, 4]), 10)
+    keys = cache.add_extents(np.array([3, 5]))
+    assert keys.tolist() == [2, 3]
+    assert cache.access(np.array([3, 0, 2])).tolist() == [False, False, False]  # 5 + 4 bytes, then 3: 5 goes
+    assert cache.contains(np.array([0, 2, 3])).tolist() == [True, True, False]
+    with pytest.raises(ValueError):
+        cache.add_extents(np.array([1]))
+
+
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=12), capacity=st.integers(0, 40),
        accesses=st.lists(st.integers(0, 11), max_size=80))

@@ -143,6 +143,19 @@ class PageCache:
         self.state = np.array([0, max(0, int(capacity_bytes))], np.int64)
         self.hits = self.misses = 0
 
+    def add_extents(self, extent_bytes: np.ndarray) -> np.ndarray:
+        """More extents of the model files beside the experts' (an engine that reads other tensors through the
+        cache, say the non-routed weights of a mapped file): their keys. Only while the cache holds nothing."""
+        if self.state[0] or self.resident.any():
+            raise ValueError("extents can be added only to an empty page cache")
+        first = len(self.sizes)
+        self.sizes = np.concatenate([self.sizes, np.asarray(extent_bytes, np.int64)])
+        n = len(self.sizes)
+        self.prev = np.full(n + 1, n, np.int64)
+        self.next = np.full(n + 1, n, np.int64)
+        self.resident = np.zeros(n, np.bool_)
+        return np.arange(first, n, dtype=np.int64)
+
     @property
     def capacity_bytes(self) -> int:
         return int(self.state[1])
