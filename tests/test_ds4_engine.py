@@ -298,3 +298,62 @@ def test_the_planner_refuses_a_reserve_it_does_not_read():
            "workload": {"requests": [{"prompt_tokens": 300, "decode_tokens": 4, "measured": True}]}}
     with pytest.raises(InputError, match="not read by variant main-0728"):
         load_scenario(SCENARIOS / "ds4-504-per-class.toml", raw)
+
+
+# ------------------------------------------------------------------------------ the Metal backend (@84cc882)
+
+Q2_EXPERT_BYTES = 7_077_888  # IQ2_XXS gate + up (2 x 2,162,688 B) + Q2_K down (2,752,512 B): ds4-engine.md §2.2
+
+
+def metal(budget: str = "8GB", prompt: int = 10, decode: int = 8, page_cache: str = "warm", variant="main-0814",
+          hardware: str = "m5-pro-64gb", env: dict | None = None):
+    data = {"hardware": hardware, "model": "deepseek-v4-flash-q2",
+            "engine": {"name": "ds4", "variant": variant,
+                       "flags": {"ssd-streaming": True, "ssd-streaming-cache-experts": budget}, "env": env or {}},
+            "trace": {"generator": "deepseek-v4-flash-q2", "seed": 0},
+            "workload": {"page-cache": page_cache,
+                         "requests": [{"prompt_tokens": prompt, "decode_tokens": decode, "measured": True}]}}
+    return run_scenario(load_scenario(SCENARIOS / "ds4-504-per-class.toml", data)).summary
+
+
+def test_metal_cache_is_the_planned_budget_and_wires_its_slots_as_they_fill():
+    # 8 GiB less two layers of 256 experts of prefill headroom, in 6.75 MiB experts: floor(4,966,055,936 /
+    # 7,077,888) = 701. The slots are wired as misses fill them, so the process holds what it has cached: 701 x
+    # 7,077,888 B = 4.96 GB once full, under the 5.1 GB max RSS #810 measured at 8 GB
+    run = metal("8GB", decode=8)
+    assert run["cache_slots"] == (8 * GIB - 2 * 256 * Q2_EXPERT_BYTES) // Q2_EXPERT_BYTES == 701
+    held = run["engine_state"]["metal"]["cache_peak_gib"] * GIB
+    assert held == 701 * Q2_EXPERT_BYTES and 4.9e9 < held <= 5.1e9
+    assert run["engine_state"]["prefill_buffer_mib"] == 0  # a decode-path prompt allocates no prefill headroom
+
+
+def test_metal_reads_the_non_routed_weights_from_the_mapped_file():
+    # Nothing is copied: the weights are the file's pages. A cold page cache faults in, once, what a token reads
+    # outside the routed experts: the 8.20 GiB of non-routed weights (#488) less the F16 token embedding, of which
+    # a token reads one row (129,280 x 4,096 x 2 B)
+    cold, warm = metal(page_cache="cold"), metal(page_cache="warm")
+    want = 8.20 * GIB - 129_280 * 4096 * 2
+    assert cold["engine_state"]["metal"]["weight_fault_gib"] * GIB == pytest.approx(want, rel=1e-6)
+    assert warm["engine_state"]["metal"]["weight_fault_gib"] == 0
+    assert cold["prefill_tok_s"] < warm["prefill_tok_s"]
+
+
+def test_metal_warm_page_cache_is_the_previous_run_of_the_same_command():
+    # with the whole file's share the page cache can hold (an 8 GB cache leaves it ~48 GiB), the previous run's
+    # pages serve every miss of the next; a cold start reads them all from the drive
+    warm, cold = metal("8GB", page_cache="warm"), metal("8GB", page_cache="cold")
+    assert warm["engine_state"]["page_cache"]["read_misses"] == 0
+    assert cold["engine_state"]["page_cache"]["read_hits"] < cold["engine_state"]["page_cache"]["read_misses"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"variant": "pr504"}, "modelled for variant main-0814 only"),
+    ({"hardware": "dgx-spark-gb10"}, "modelled on its Metal backend only"),
+    ({"env": {"DS4_CUDA_NO_DIRECT_IO": "1"}}, "read by ds4's CUDA backend only"),
+    ({"prompt": 19}, "not modelled: ds4's Metal batch prefill"),  # q2 Flash: 18 tokens run the decode path
+])
+def test_metal_refuses_what_its_path_does_not_have(change, message):
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        metal(**change)

@@ -349,3 +349,13 @@ def test_graph_cap_is_whole_gib_and_at_least_one(working_gib, context_gib):
 @pytest.mark.parametrize(("text", "n_bytes"), [("89GB", 89 * GIB), ("12GB", 12 * GIB), ("9472", None), (None, None)])
 def test_a_gib_budget_is_bytes_to_the_planner_and_a_count_is_not(text, n_bytes):
     assert dp.cache_budget_bytes(text) == n_bytes
+
+
+@pytest.mark.parametrize("text, threads", [(None, 9), ("4", 4), ("0", 1), ("40", 18)])
+def test_metal_pread_pool_is_9_threads_clamped_to_1_18(text, threads):
+    # ds4_gpu_stream_expert_pread_thread_limit (ds4_metal.m @b0309611): 9 unless
+    # DS4_METAL_STREAMING_EXPERT_PREAD_THREADS says otherwise; 0 counts as 1, more than 18 as 18
+    from sim.engine.ds4_plan import Env, metal_pread_threads
+
+    env = Env() if text is None else Env(DS4_METAL_STREAMING_EXPERT_PREAD_THREADS=text)
+    assert metal_pread_threads(env) == threads

@@ -1,4 +1,4 @@
-"""ds4's CUDA SSD-streaming expert cache as SimPy processes on the simulated machine (antirez/ds4 @80ebbc3,
+"""ds4's SSD-streaming expert cache (CUDA, and the Metal backend below) as SimPy processes on the simulated machine (antirez/ds4 @80ebbc3,
 PR #504 and its successors; the rules are in ds4_plan.py, the variants in ds4_plan.VARIANTS).
 
 Scenario: one ds4 process serves a scenario's requests in order. Its threads are host-thread servers of the
@@ -26,6 +26,14 @@ prefill: prompts of <= 18 tokens (64 when layer 0 is Q4_K) run the decode path t
 a miss's bytes: with DS4_CUDA_NO_DIRECT_IO a buffered pread through the page cache (a hit is a host memcpy;
   a miss reads the drive, then copies), the pages dropped again unless DS4_CUDA_KEEP_MODEL_PAGES; otherwise
   O_DIRECT reads from the drive into pinned staging. The page cache is the RAM nobody holds (finite).
+the Metal backend (a Metal profile, variant main-0814: ds4_metal.m and ds4.c read at upstream b0309611 for the
+  build of @84cc882): the same decode layer (the async load worker beside the shared expert), but one cache table
+  for the whole model evicting by route hotness (sim.cache.hotness), its slots wired as they fill (the pool of
+  unified memory the page cache lives in shrinks with them); a miss is 3 buffered preads into the slot on a pool of
+  9 threads, a hit is read in place; the non-routed weights are the mapped file's pages, faulted from the drive
+  when the page cache lacks them; a warm page cache is what the same command's previous run left. The split
+  hits-first path runs once the cache is warm. Not modelled there: its batch prefill (prompts over 18 tokens, 64
+  for Q4_K/MXFP4 files) and mixed-quant files; the hash layers' loads (layers 0-2) are treated as the others'.
 Every layer step is one row of steps.parquet; the copies of a step are rows of copy_plan.parquet.
 """
 
@@ -37,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
+from sim.cache.hotness import SPLIT_MIN_MISSES, RouteHotnessCache
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
 from sim.cache.replay import Geometry, LRUCache, read_profile, trace_profile
 from sim.engine import ds4_plan
@@ -59,6 +68,8 @@ DEFAULT_COPY_CHUNK_MIB = 64                # DS4_CUDA_MODEL_COPY_CHUNK_MB defaul
 ROCM_READ_WORKERS = 16                     # DS4_ROCM_STREAM_READ_DEFAULT_WORKERS (rocm/ds4_rocm_runtime.cuh @54b36ed)
 WEIGHT_ARENA_CHUNK_MIB = 1792              # DS4_CUDA_WEIGHT_ARENA_CHUNK_MB default (ds4_cuda.cu @54b36ed L1759-1775)
 SELECTED_IDS_BYTES = 6 * 4                 # the router's 6 int32 ids read back per layer (§1.6)
+APPLE_PAGE_BYTES = 16 * 1024               # getpagesize() on Apple silicon macOS: the Metal cache's slots are page-rounded
+METAL_CACHE_MEMORY = "expert cache (wired slots)"  # the Metal cache's share of the pool (an allocation's name)
 # fmt: on
 
 
@@ -116,7 +127,11 @@ class Ds4:
         self.chunk_default = DEFAULT_PREFILL_CHUNK_TOKENS_PRO if pro else DEFAULT_PREFILL_CHUNK_TOKENS
         # --prefill-chunk wins; DS4_METAL_PREFILL_CHUNK is read when the flag is absent (§4)
         self.chunk_flag = flags.prefill_chunk or env_count(where, env, "DS4_METAL_PREFILL_CHUNK", minimum=1)
-        q4_first = all(t == "Q4_K" for t in (self.layers[0].gate_type, self.layers[0].up_type, self.layers[0].down_type))
+        self.metal = hw.gpu.api == "metal"
+        # the 64-token rule's types: Q4_K, and MXFP4 too in the Metal build (ds4.c @b0309611 L29861-L29870)
+        wide = ("Q4_K", "MXFP4") if self.metal else ("Q4_K",)
+        first = (self.layers[0].gate_type, self.layers[0].up_type, self.layers[0].down_type)
+        q4_first = first[0] in wide and len(set(first)) == 1
         self.decode_path_max = DECODE_PATH_PREFILL_MAX_TOKENS_Q4 if q4_first else DECODE_PATH_PREFILL_MAX_TOKENS
         if env_set(env, "DS4_METAL_DISABLE_STREAMING_DECODE_PREFILL"):
             self.decode_path_max = 0
@@ -147,7 +162,8 @@ class Ds4:
         copy_chunk = env_count(where, env, "DS4_CUDA_MODEL_COPY_CHUNK_MB") or DEFAULT_COPY_CHUNK_MIB
         copy_chunk = min(max(copy_chunk, ds4_plan.COPY_CHUNK_MIB_RANGE[0]), ds4_plan.COPY_CHUNK_MIB_RANGE[1])
         staging_buffers = PINNED_STAGING_BUFFERS + self.pool_workers
-        mem.set("ram", "pinned staging", staging_buffers * copy_chunk * MIB)
+        if not self.metal:  # Metal preads straight into the cache's shared slots: no pinned ring
+            mem.set("ram", "pinned staging", staging_buffers * copy_chunk * MIB)
         self.staging_bytes = 0
         self.notices: list[str] = []
         self._plan_budget(where, hw)
@@ -178,6 +194,8 @@ class Ds4:
         # threads
         self.main = machine.threads("ds4 main thread")
         self.worker = machine.threads("ds4 selected-load worker")
+        if self.metal:
+            self.pool_workers = ds4_plan.metal_pread_threads(env)
         self.pool = [machine.threads(f"ds4 pread worker {i}") for i in range(self.pool_workers)] \
             if self.pool_workers else None
         # cache state: one LRU pool per class (#504 and later) or one pool for the slab (pre-504)
@@ -188,16 +206,14 @@ class Ds4:
         self.size_changes = {"prefill": 0, "decode": 0}  # pre-504: slab released for another size class
         self.phase = "prefill"
         self.slab_class = -1
-        if hw.os == "macos":  # ds4 streams experts through its Metal backend there, which is not modelled apart
-            self.notices.append("ds4 runs its Metal backend on macOS; simulated here with the CUDA SSD-streaming "
-                                "path (size-class caches, pread into staging, a copy into the slot) on this "
-                                "profile's figures")
         self.dedup = [ds4_plan.NoticeDedup() for _ in range(self.n_classes if self.per_class else 1)]
         self.seed_steps = self._hotlist_seed_plan(where)
-        if scenario.workload.page_cache == "warm":  # the file was read before: the page cache holds what fits
-            machine.page_cache.warm(np.arange(self.n_layers * self.n_experts))
         self.seeding = {"passes": 0, "loaded": 0, "layers_skipped_full": 0}
         self.page_cache_reads = {"hits": 0, "misses": 0}
+        if self.metal:
+            self._metal_init(where, work)
+        elif scenario.workload.page_cache == "warm":  # the file was read before: the page cache holds what fits
+            machine.page_cache.warm(np.arange(self.n_layers * self.n_experts))
 
     # --- the budget of the later builds ----------------------------------------------------------
 
@@ -234,7 +250,7 @@ class Ds4:
             self.budget_experts = 0
             self.notices.append(f"CUDA at this build never allocates the planned {plan.cache_experts} experts: every "
                                 "selected expert is read per use")
-        elif plan.headroom_bytes:
+        elif plan.headroom_bytes and not self.metal:  # Metal allocates it in a batch prefill, which is not modelled
             self.staging_bytes = plan.headroom_bytes
             self.m.memory.set("vram", "compact staging", plan.headroom_bytes)
 
@@ -245,6 +261,8 @@ class Ds4:
         bytes (0: all in VRAM)."""
         r, mem = self.resident, self.m.memory
         in_vram = r.non_routed - r.host_pinned
+        if self.metal:  # no copy: Metal wraps the mapped file's pages (the page cache's, see _metal_init)
+            return 0
         if not self.variant.weight_overflow or hw.is_unified:
             mem.set("vram", "non-routed weights", in_vram)
             return 0
@@ -484,6 +502,125 @@ class Ds4:
             if self.variant.hit_copy != "none":
                 self.rec.copy(sid, "D2D", handed, part_bytes, f"slab:{part}", f"staging:{part}")
 
+    # --- the Metal backend (ds4_metal.m and ds4.c @b0309611, for the build of @84cc882) ---------------
+
+    def _metal_init(self, where: str, work: np.ndarray) -> None:
+        """The Metal path's state. The expert cache is one table for the whole model (sim.cache.hotness), its
+        slots wired one by one as they fill: an expert's slot is a page-rounded share of a 4 GiB shared slab,
+        mlocked when the slot is first used (ds4_metal.m L11412-L11720), so the pool the page cache lives in shrinks
+        as the cache fills and grows back when the process exits. The non-routed weights are not copied: Metal
+        wraps the mapped file's pages (newBufferWithBytesNoCopy, L10399) and in streaming mode asks for no
+        residency or warm-up (L1648, L3586), so they are page-cache extents the GPU reads in place, faulted from
+        the drive when they are not resident: one extent per layer, the bytes a token reads there."""
+        scenario = self.scenario
+        too_long = [i for i, r in enumerate(scenario.workload.requests) if r.prompt_tokens > self.decode_path_max]
+        if too_long:
+            raise InputError(where, f"workload.requests[{too_long[0]}].prompt_tokens",
+                             scenario.workload.requests[too_long[0]].prompt_tokens,
+                             f"not modelled: ds4's Metal batch prefill (prompts over {self.decode_path_max} tokens); "
+                             "shorter prompts run the decode path, which is")
+        self.slot_bytes = -(-int(self.expert_bytes[0]) // APPLE_PAGE_BYTES) * APPLE_PAGE_BYTES
+        self.mcache = RouteHotnessCache(self.n_layers, self.n_experts, self.budget_experts)
+        self.weight_bytes = work[: self.n_layers, :2].sum(axis=1).astype(np.int64)  # attention, router, shared
+        self.weight_keys = self.m.page_cache.add_extents(self.weight_bytes)
+        self.weight_fault_bytes = 0
+        self.cache_peak_bytes = 0
+        if scenario.workload.page_cache == "warm":
+            self._metal_previous_run()
+
+    def _set_cache_memory(self, count: int) -> None:
+        n_bytes = count * self.slot_bytes
+        self.m.memory.set("vram", METAL_CACHE_MEMORY, n_bytes)
+        self.cache_peak_bytes = max(self.cache_peak_bytes, n_bytes)
+
+    def _metal_previous_run(self) -> None:
+        """A warm page cache: the same command ran once before in a process of its own (#810 ran each setting in
+        a new process, its "warm" row after the "cold" one). That run's reads are replayed through the page cache
+        in their order, timing aside: per token and layer the layer's non-routed pages, then the extents of the
+        experts its cache missed, while its wired slots take their share of the pool; at its exit the slots are
+        freed and the pages stay. The routing is this run's (the same prompt, greedy)."""
+        cache = RouteHotnessCache(self.n_layers, self.n_experts, self.budget_experts)
+        pc = self.m.page_cache
+        for routing in self.routing.requests:
+            cache.reset_hotness()  # each prompt runs the decode path from its first token
+            for row in np.concatenate([routing.prompt, routing.decode])[:, : self.n_layers]:
+                cache.note_token()
+                for layer in range(self.n_layers):
+                    pc.access(self.weight_keys[layer: layer + 1], insert=True)
+                    experts = row[layer][row[layer] != MISSING]
+                    loads = cache.access(layer, experts).loads
+                    self.m.memory.set("vram", METAL_CACHE_MEMORY, cache.count * self.slot_bytes)
+                    pc.access(layer * self.n_experts + loads.astype(np.int64), insert=True)
+        self.m.memory.set("vram", METAL_CACHE_MEMORY, 0)
+
+    def _metal_fault_weights(self, layer: int):
+        """The layer's non-routed pages before its kernels run: resident, or read back from the drive by page
+        faults (read-ahead sized requests, one after another)."""
+        m = self.m
+        if m.page_cache.access(self.weight_keys[layer: layer + 1], insert=True)[0]:
+            return
+        n_bytes = int(self.weight_bytes[layer])
+        self.weight_fault_bytes += n_bytes
+        yield m.ssd.read(n_bytes, m.ssd.fault_reads(n_bytes), 1)
+
+    def _metal_read(self, layer: int, experts: np.ndarray):
+        """The misses' preads (begin_selected_load, ds4_metal.m L14057): 3 tasks per expert (gate, up, down) on
+        min(tasks, pool threads) workers taking the next task as they free up (the pool's shared counter, L11003);
+        each task a buffered pread into the expert's slot: a copy out of the page cache, after a drive read when
+        the pages are not resident (the pages stay: no DONTNEED unless asked, L11730). Returns the drive's bytes."""
+        if not len(experts):
+            return 0
+        m, env = self.m, self.m.env
+        keys = layer * self.n_experts + experts.astype(np.int64)
+        in_ram = m.page_cache.access(keys, insert=True)
+        n_miss = int((~in_ram).sum())
+        self.page_cache_reads["hits"] += len(keys) - n_miss
+        self.page_cache_reads["misses"] += n_miss
+        tasks = iter([(int(part), bool(cached)) for cached in in_ram for part in self.part_bytes[layer]])
+
+        def worker(thread):
+            for part, cached in tasks:  # the shared iterator: the next task to whichever worker is free
+                if not cached:
+                    yield m.ssd.read(part, 1, 1)
+                yield from m.memcpy(thread, part, 1, "pread copy")
+
+        n_workers = min(self.pool_workers, PARTS_PER_EXPERT * len(experts))
+        yield env.all_of([env.process(worker(thread)) for thread in self.pool[:n_workers]])
+        return n_miss * int(self.expert_bytes[layer])
+
+    def _metal_decode_layer(self, layer: int, experts: np.ndarray, row: dict):
+        """One decode-path layer on Metal, the "selected/shared overlap" of ds4.c @b0309611 L23873-L23990: the
+        main thread encodes the attention and router, whose kernels wait for the layer's weight pages, and signals
+        the readback; the async load worker reads the ids back, looks them up, picks the victims and starts the
+        pread pool (begin_selected_load); meanwhile the GPU runs the shared expert; the main thread flushes and
+        joins the worker, then the routed experts run when the loads are in (hits read in place from their
+        slots, no copy), the hits first once the split is ready and worthwhile (sim.cache.hotness)."""
+        m = self.m
+        other_s, shared_s, routed_s = self.decode_s[layer]
+        if layer == 0:
+            self.mcache.note_token()
+        encoded = self.main.book(self.encode_layer_s, 0, 1, "graph encode")
+        yield from self._metal_fault_weights(layer)
+        m.gpu.book(other_s, 0, 0, "attention + router", ready_s=encoded)
+        synced = self.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
+        m.gpu.book(shared_s, 0, 0, "shared expert", ready_s=synced)
+        yield self.worker.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback", ready_s=synced)
+        split_ready = self.mcache.split_ready()
+        lookup = self.mcache.access(layer, experts)
+        self._set_cache_memory(self.mcache.count)
+        reads = m.env.process(self._metal_read(layer, lookup.loads))
+        yield self.main.hold(m.sync_s, 0, 1, "flush + join", ready_s=self.worker.end_of_last())
+        k, hits = len(experts), lookup.hits
+        split = split_ready and hits >= 1 and lookup.misses >= SPLIT_MIN_MISSES
+        if split:  # the hits' experts run while the misses load
+            m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
+        drive = yield reads
+        m.gpu.book(routed_s * (k - hits) / k if split else routed_s, 0, 0,
+                   "routed experts (misses)" if split else "routed experts")
+        evictions = int(np.count_nonzero(lookup.victims >= 0))
+        row.update(lookups=k, hits=hits, inserts=len(lookup.loads) - evictions, evictions=evictions)
+        self._record(row, layer, hits, len(lookup.loads), 0, 0, drive)
+
     # --- decode ----------------------------------------------------------------------------------
 
     def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float,
@@ -544,9 +681,10 @@ class Ds4:
         steps = [(layer, routing[layer]) for layer in range(self.n_layers)]
         if mtp_routing is not None:
             steps += list(zip(self.mtp_layers, mtp_routing))
+        decode_layer = self._metal_decode_layer if self.metal else self._decode_layer
         for layer, experts in steps:
             row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=self.m.env.now, tokens=1)
-            yield from self._decode_layer(layer, experts, row)
+            yield from decode_layer(layer, experts, row)
         # the token exists once the last layer's kernels (queued on the stream) are done
         yield self.m.gpu.drained()
 
@@ -602,6 +740,8 @@ class Ds4:
             arrival = env.now
             prompt = routing.prompt
             if len(prompt) <= self.decode_path_max:
+                if self.metal:  # a decode-style prompt from its first token clears the route hotness
+                    self.mcache.reset_hotness()
                 for i, row in enumerate(prompt):
                     yield from self._decode_token(request, "prefill", i, row)
             else:
@@ -636,7 +776,7 @@ class Ds4:
         """The Belady bound's decode hit rate with the same class pools and slot counts: the most decode hits
         any cache of those sizes can get on the request's routing, its prompt warming the cache first
         (sim.cache.replay.decode_bound_hits); None for the slab, whose capacity changes with every size change."""
-        return {"belady_decode_hit_rate": self._belady(request) if self.per_class else None}
+        return {"belady_decode_hit_rate": self._belady(request) if self.per_class or self.metal else None}
 
     def _belady(self, request: int) -> float | None:
         from sim.cache.replay import decode_bound_hits, last_access_rows
@@ -656,28 +796,33 @@ class Ds4:
         phase = np.r_[np.full(len(prompt), PHASE_PREFILL), np.full(len(decode), PHASE_DECODE)].astype(np.uint8)
         header = TraceHeader(self.scenario.layout.name, rows.shape[1], self.n_experts, rows.shape[2], "run", "")
         trace = Trace(header, np.zeros(len(rows)), np.arange(len(rows)), phase, rows)
-        hits = decode_bound_hits(trace, Geometry.of(trace, self.scenario.layout), np.array(self.cache.capacity))
+        capacity = np.array([self.budget_experts]) if self.metal else np.array(self.cache.capacity)
+        hits = decode_bound_hits(trace, Geometry.of(trace, self.scenario.layout), capacity)
         return float(hits.sum() / np.count_nonzero(decode != MISSING))
 
     def state(self) -> dict:
-        caps = [int(c) for c in self.cache.capacity]
+        caps = [self.budget_experts] if self.metal else [int(c) for c in self.cache.capacity]
         r = self.resident
         pc = self.m.page_cache
+        metal = {"metal": {"cache_experts_held": self.mcache.count, "cache_evictions": self.mcache.evictions,
+                           "cache_peak_gib": self.cache_peak_bytes / GIB,
+                           "weight_fault_gib": self.weight_fault_bytes / GIB}} if self.metal else {}
         return {"cache_slots": int(sum(caps)), "cache_slots_per_class": caps,
-                "cache_mib": self._cache_bytes() / MIB, "lent_slots": 0,
+                "cache_mib": (self.cache_peak_bytes if self.metal else self._cache_bytes()) / MIB, "lent_slots": 0,
+                **metal,
                 "prefill_buffer_mib": self.staging_bytes / MIB, "notices": list(self.notices),
                 "variant": self.variant.name, "variant_source": self.variant.source,
                 "reserve_gib": self.reserve_bytes / GIB, "budget_experts": self.budget_experts, "ctx": self.ctx,
                 "budget_mode": self.variant.budget, "planned_cache_slots": self.planned_experts
                 if self.planned_experts is not None else int(sum(caps)),
                 "non_routed_over_pcie_gib": self.weight_pcie_bytes / GIB,
-                "miss_source": ("page cache (buffered pread)" if self.buffered else "SSD (O_DIRECT)")
+                "miss_source": ("page cache (buffered pread)" if self.buffered or self.metal else "SSD (O_DIRECT)")
                 + (f", {self.pool_workers} pread workers" if self.pool_workers else ", QD1"),
                 "hits_first": self.hits_first, "selected_shared_overlap": self.overlap,
                 "page_cache": {"capacity_gib": pc.capacity_bytes / GIB, "used_gib": pc.used_bytes / GIB,
                                "read_hits": self.page_cache_reads["hits"],
                                "read_misses": self.page_cache_reads["misses"],
-                               "keep_model_pages": self.keep_pages},
+                               "keep_model_pages": self.keep_pages or self.metal},
                 "class_expert_bytes": [int(b) for b in self.class_bytes],
                 "mtp_layers": [int(x) for x in self.mtp_layers],
                 "flushes_per_pool": list(self.flushes), "hotlist_seeding": dict(self.seeding),

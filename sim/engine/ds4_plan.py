@@ -573,12 +573,24 @@ VARIANTS = {v.name: v for v in (
             "antirez/ds4 of #1036 (2026-09): main-0728's planner, its dynamic cache fitted once more so that static "
             "weights, staging, cache, graph and a 2 GiB runtime/I/O allowance fit the working set (V4.1)",
             "planner-v41", True),
+    Variant("main-0814", False, False, "none", False, False,
+            "antirez/ds4 @84cc882 (2026-08-14) on its Metal backend, the build of #810, read at upstream b0309611 "
+            "(2026-08-05, the newest upstream in reach): main-0728's total expert budget planner (the same rules there, "
+            "ds4.c L4567-L4720, L54440-L54625); one global "
+            "(layer, expert) table evicting by route hotness, its slots wired as they fill; misses read by buffered "
+            "preads of a 9-thread pool into the slot, hits read in place; the non-routed weights mapped file "
+            "pages (sim/cache/hotness.py, sim/engine/ds4.py)", "planner"),
     Variant("neutronstar-glm-slab", False, False, "memcpy", False, True,
             "what-if: the neutronstar GLM stack's MTP draft steps with upstream's pre-504 slab"),
     Variant("neutronstar-glm", True, True, "memcpy", False, True,
             "giannisanni/neutronstar @db823235: PR #504 ported onto the fork's GLM CUDA stack"),
 )}
 PREAD_POOL_WORKERS = 8  # #1082: "a pread pool of 8 workers, each with pinned staging and its own CUDA stream"
+# The builds whose Metal backend is modelled, and the only ones that run on a Metal profile: the CUDA and ROCm
+# variants are other builds' GPU paths, and the Metal path of the older builds was not read.
+METAL_VARIANTS = ("main-0814",)
+METAL_PREAD_THREADS_DEFAULT = 9      # ds4_gpu_stream_expert_pread_thread_limit (ds4_metal.m @b0309611 L10878)
+METAL_PREAD_THREADS_RANGE = (1, 18)  # DS4_METAL_STREAMING_EXPERT_PREAD_THREADS, clamped there to 1..18
 DEFAULT_CTX_TOKENS = 32768  # ds4_cli.c: "-c, --ctx N  Context size allocated for the session. Default: 32768"
 
 # Knobs that exist only in some variants: setting one on another variant is a mistake, not a no-op.
@@ -588,6 +600,7 @@ ONLY_IN: dict[str, tuple[str, ...]] = {
     "DS4_EXPERT_HOTLIST": ("pr1031", "pr1082"),
     "DS4_CUDA_HITS_FIRST": ("pr1082",),
     "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL": ("pr1082",),
+    "DS4_METAL_STREAMING_EXPERT_PREAD_THREADS": METAL_VARIANTS,
 }
 ENV_NAMES = (
     # ds4-engine.md §4, CUDA streaming @80ebbc3
@@ -604,6 +617,8 @@ ENV_NAMES = (
     "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP",
     # later variants
     "DS4_EXPERT_PROFILE", "DS4_EXPERT_HOTLIST", "DS4_CUDA_HITS_FIRST", "DS4_CUDA_STREAMING_EXPERT_PREAD_POOL",
+    # the Metal backend (ds4_metal.m)
+    "DS4_METAL_STREAMING_EXPERT_PREAD_THREADS",
 )
 Env = env_table("Ds4Env", "ds4 environment variable", ENV_NAMES)
 # Knobs whose effect the model does not simulate: a scenario that sets one is refused rather than run as if
@@ -648,8 +663,8 @@ class Flags(Strict):
 class Settings(Strict):
     KEY_KIND: ClassVar[str] = "ds4 engine key"
     name: Literal["ds4"]
-    # pre-504 .. pr1082, pr488, main-0728, main-v41, neutronstar-*: see VARIANTS.
-    variant: Literal["pre-504", "pr504", "pr605", "pr1031", "pr1082", "pr488", "main-0728", "main-v41",
+    # pre-504 .. pr1082, pr488, main-0728, main-v41, main-0814 (Metal), neutronstar-*: see VARIANTS.
+    variant: Literal["pre-504", "pr504", "pr605", "pr1031", "pr1082", "pr488", "main-0728", "main-v41", "main-0814",
                      "neutronstar-glm-slab", "neutronstar-glm"]
     flags: Flags = Field(default_factory=Flags)
     env: Env = Field(default_factory=Env)
@@ -720,6 +735,7 @@ def validate(scenario, where: str) -> None:
         raise InputError(where, "engine.flags.ssd-streaming", False,
                          "the simulator models ds4 with --ssd-streaming only (the expert cache exists only then)")
     variant = VARIANTS[engine.variant]
+    _validate_backend(scenario, where)
     reserve_env = env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB
     if reserve_env is not None and variant.budget.startswith("planner"):
         raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB", reserve_env,
@@ -764,6 +780,45 @@ def validate(scenario, where: str) -> None:
         if request.prompt_tokens >= ctx:
             raise InputError(where, f"workload.requests[{i}].prompt_tokens", request.prompt_tokens,
                              f"ds4 refuses it: prompt exceeds context (--ctx {ctx}; the prompt must be shorter)")
+
+
+def _validate_backend(scenario, where: str) -> None:
+    """The GPU backend a build runs on the profile's GPU: Metal for the Metal variants, and only there; what the
+    modelled Metal path does not cover is refused."""
+    profile, layout, engine = scenario.hardware_profile, scenario.layout, scenario.engine
+    metal = profile.gpu.api == "metal"
+    if metal and engine.variant not in METAL_VARIANTS:
+        raise InputError(where, "engine.variant", engine.variant,
+                         f"ds4 runs its Metal backend on {profile.name}; that backend is modelled for variant "
+                         f"{' or '.join(METAL_VARIANTS)} only (the other variants are CUDA/ROCm paths)")
+    if not metal:
+        if engine.variant in METAL_VARIANTS:
+            raise InputError(where, "engine.variant", engine.variant,
+                             f"modelled on its Metal backend only; {profile.name} runs {profile.gpu.api}")
+        return
+    cuda_env = sorted(name for name in engine.env.model_fields_set if name.startswith("DS4_CUDA_"))
+    if cuda_env:
+        raise InputError(where, f"engine.env.{cuda_env[0]}", getattr(engine.env, cuda_env[0]),
+                         "read by ds4's CUDA backend only; the Metal backend always reads misses with buffered "
+                         "preads and keeps the pages")
+    sizes = {(x.gate_bytes, x.down_bytes) for x in layout.layers[: layout.n_routed_layers]}
+    if len(sizes) > 1:
+        raise InputError(where, "model", layout.name,
+                         "not modelled: on Metal the expert cache keeps one size class and the other layers read "
+                         "their experts through the mapped file (a mixed-quant file)")
+    threads = engine.env.DS4_METAL_STREAMING_EXPERT_PREAD_THREADS
+    if threads is not None and not digits(threads):
+        raise InputError(where, "engine.env.DS4_METAL_STREAMING_EXPERT_PREAD_THREADS", threads,
+                         "must be a whole number of threads")
+
+
+def metal_pread_threads(env) -> int:
+    """The Metal backend's pread pool size: DS4_METAL_STREAMING_EXPERT_PREAD_THREADS or 9, clamped to 1..18 (0 counts
+    as 1, as in ds4_gpu_stream_expert_pread_thread_limit)."""
+    text = getattr(env, "DS4_METAL_STREAMING_EXPERT_PREAD_THREADS", None)
+    threads = METAL_PREAD_THREADS_DEFAULT if text is None else int(text)
+    low, high = METAL_PREAD_THREADS_RANGE
+    return min(max(threads, low), high)
 
 
 # ------------------------------------------------------------------------------------------ VRAM before the cache
