@@ -467,3 +467,26 @@ def test_the_decode_knobs_of_the_rocm_container(tmp_path):
     r, st = run_file(scenario_file(tmp_path, "knobs", flags=flags, requests=((200, 64),)))
     decode = r.steps[r.steps["phase"] == "decode"]
     assert st["adaptive_swaps"] == 0 and decode["inserts"].sum() == 0 and decode["h2d_bytes"].sum() == 0
+
+
+def test_a_driver_pin_limit_pins_the_arena_layer_by_layer(tmp_path):
+    # the 64 GB Windows PC pins 30 GiB (rtx-5070-12gb-windows.toml): a Q2_0 layer is 512 x 1,382,400 B = 0.6592 GiB,
+    # so 45 layers (29.66 GiB) fit and the 46th (30.32) does not: 45/48 = 0.9375 pinned, the 384-slot ring (>= 0.9)
+    box = dict(variant="v0.1.35", hardware="rtx-5070-12gb-windows", requests=((3000, 1),),
+               flags={"expert-cache": "auto", "max-context": 4096, "resident-experts": None})
+    _, q2 = run_file(scenario_file(tmp_path, "q2", model="qwen3.8-flash-next-q2_0", **box))
+    assert q2["pinned_share"] == pytest.approx(45 / 48)
+    assert any("ring 384" in n for n in q2["notices"])
+    # STRATA_ARENA_PIN_GIB = 10 pins whole slices under 10 GiB: 15 layers (9.89 GiB); 0 is no cap (pinned.cu)
+    _, capped = run_file(scenario_file(tmp_path, "q2-10", model="qwen3.8-flash-next-q2_0",
+                                       env={"STRATA_ARENA_PIN_GIB": "10"}, **box))
+    assert capped["pinned_share"] == pytest.approx(15 / 48)
+    _, uncapped = run_file(scenario_file(tmp_path, "q2-0", model="qwen3.8-flash-next-q2_0",
+                                         env={"STRATA_ARENA_PIN_GIB": "0"}, **box))
+    assert uncapped["pinned_share"] == pytest.approx(45 / 48)
+    # the 46.84 GiB IQ3_S arena keeps under 30 GiB of whole layers: ~0.6 pinned, the 96-slot ring (a 5070 Ti's log
+    # on Windows: "cudaHostRegister of the whole arena FAILED ... 31 slices pinned (29 GiB)", "a 96-slot ring")
+    _, iq3 = run_file(scenario_file(tmp_path, "iq3s", **box))
+    assert 0.55 < iq3["pinned_share"] < 30 * GiB / (46.84 * GiB)
+    assert any("ring 96" in n for n in iq3["notices"])
+

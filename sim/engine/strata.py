@@ -287,13 +287,7 @@ class Strata:
         mode = flags.ram_mode
         # the pinned share is measured before the RAM complement is built: ~0 in the resident modes (§3.2)
         if mode == "arena":
-            pin_gib = env.STRATA_ARENA_PIN_GIB
-            pinned = self.total_expert_bytes
-            if pin_gib is not None:
-                try:
-                    pinned = min(pinned, max(0, int(float(pin_gib) * GIB)))
-                except ValueError:
-                    raise InputError("STRATA_ARENA_PIN_GIB", "value", pin_gib, "must be a number of GiB") from None
+            pinned = self._arena_pinned_bytes(env.STRATA_ARENA_PIN_GIB)
             self.pinned_share = pinned / self.total_expert_bytes
         else:
             pinned, self.pinned_share = 0, 0.0
@@ -395,6 +389,32 @@ class Strata:
         # 6: the RAM side
         self._plan_ram(mode, pinned)
         self._warm_page_cache()
+
+    def _arena_pinned_bytes(self, pin_gib: str | None) -> int:
+        """The arena's page-locked bytes (Strata src/core/pinned.cu): the whole arena in one registration, unless
+        STRATA_ARENA_PIN_GIB = N > 0 caps it (0 or unset: no cap) or the driver refuses a region that large
+        (host.gpu_pinnable_gib); then it is registered one layer's slice at a time from the first layer, each
+        slice only if it still fits under the cap and the driver's limit."""
+        total = self.total_expert_bytes
+        limits = []
+        if pin_gib is not None:
+            try:
+                cap = float(pin_gib) * GIB
+            except ValueError:
+                raise InputError("STRATA_ARENA_PIN_GIB", "value", pin_gib, "must be a number of GiB") from None
+            if cap > 0:
+                limits.append(cap)
+        pinnable = self.hw.host.gpu_pinnable_gib
+        if pinnable is not None:
+            limits.append(pinnable.value * GIB)
+        limit = min(limits, default=total)
+        if limit >= total:
+            return total
+        whole_layers = np.cumsum(self.layer_blob * self.n_experts)
+        pinned = int(whole_layers[whole_layers <= limit][-1]) if whole_layers[0] <= limit else 0
+        self.notices.append(f"expert arena: {total / GIB:.2f} GiB cannot be pinned whole (limit {limit / GIB:.2f} "
+                            f"GiB): {pinned / GIB:.2f} GiB pinned in layer slices, the rest through the stager")
+        return pinned
 
     def _plan_ram(self, mode: str, pinned: int) -> None:
         flags, env, hw = self.flags, self.env_vars, self.hw

@@ -75,6 +75,11 @@ class Host(Strict):
     # DRAM read bandwidth the whole host reaches: what CPU copies (2 bytes of traffic per byte copied) and the
     # copy engines' DMA share (sim/machine/servers.py SharedBandwidth).
     dram_bandwidth_gbps: GBps
+    # The most host RAM the GPU driver page-locks for one process where it is bounded (under WDDM mapped
+    # page-locked memory is charged to the GPU's shared segment, about half the RAM): a larger region is refused
+    # whole, and Strata then pins its expert arena layer slice by layer slice up to it (src/core/pinned.cu, #243).
+    # Absent: no bound (Linux drivers pin the whole arena).
+    gpu_pinnable_gib: GiBs | None = None
 
 
 class Unified(Strict):
