@@ -9,6 +9,7 @@ Every seed scenario is simulated once per session (cached); the synthetic ones u
 from __future__ import annotations
 
 import re
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import simpy
+import tomli_w
 
 from sim.engine import process_class
 from sim.engine import strata_plan as sp
@@ -490,3 +492,44 @@ def test_a_driver_pin_limit_pins_the_arena_layer_by_layer(tmp_path):
     assert 0.55 < iq3["pinned_share"] < 30 * GiB / (46.84 * GiB)
     assert any("ring 96" in n for n in iq3["notices"])
 
+
+def test_the_attention_half_share_is_the_kernels_multiply_adds():
+    # per token and layer (reference/strata-engine.md §2.1): n_embd 2560, hc 4 x 2560 = 10240 with low rank 320
+    from sim.engine.strata import ATTENTION_HALF_SHARE
+    hc_read = 10240 * 320 * 2 + 10240 * 4
+    gdn = 2560 * 10240 + 2560 * 6144 + 2 * 2560 * 48 + 6144 * 2560 + 4 * 48 * 128 * 128
+    qsa = 2560 * 12288 + 2 * 2560 * 512 + 2560 * 128 + 2560 * 512 + 6144 * 2560 + 2048 * 24 * 256 * 2 + 16384 * 128
+    attention = hc_read + (36 * gdn + 12 * qsa) / 48
+    moe = hc_read + 2560 * 512 + 3 * 2560 * 640 + 10 * (1280 * 2560 + 2560 * 640)
+    assert ATTENTION_HALF_SHARE == pytest.approx(attention / (attention + moe), abs=5e-4)
+
+
+def test_a_small_ring_stalls_the_copy_stream_through_the_attention_half(tmp_path):
+    # Every expert streams (owned 8192-token buffers leave the 12 GB card no cache) and the arena is pinned whole
+    # (no driver limit), so each blob is one DMA at the profile's 16 GB/s. During a layer's attention half the copy
+    # stream can run at most `ring` blobs ahead (prefill.cpp: a slot is reused only once the compute stream is done
+    # with it), so a layer takes at least its attention half plus the copies the ring could not take in it.
+    from sim.engine.strata import ATTENTION_HALF_SHARE
+    data = tomllib.loads((ROOT / "scenarios" / "hardware" / "rtx-5070-12gb-windows.toml").read_text())
+    data["name"] = "rtx-5070-unbounded-pin"
+    del data["host"]["gpu_pinnable_gib"]
+    data.pop("calibration", None)
+    hw = tmp_path / "rtx-5070-unbounded-pin.toml"
+    hw.write_text(tomli_w.dumps(data))
+    box = dict(variant="v0.1.35", hardware=str(hw), requests=((8193, 1),),
+               flags={"expert-cache": "auto", "prefill": 8192, "no-prefill-borrow": True, "resident-experts": None,
+                      "max-context": 16384})
+    runs = {}
+    for ring in (96, 384):
+        r, st = run_file(scenario_file(tmp_path, f"ring{ring}", env={"STRATA_PREFILL_RING": str(ring)}, **box))
+        assert st["pinned_share"] == 1.0 and r.summary["cache_slots"] == 0
+        runs[ring] = st["requests"][0]["pp_ms"] / 1e3
+    layout = load_scenario(scenario_file(tmp_path, "layout", **box)).layout
+    blob = np.asarray(layout.expert_bytes_per_layer()[:48], dtype=float)
+    rate = data["pcie"]["h2d_pinned_gbps"]["value"] * 1e9
+    attention = 8192 * data["compute"]["qwen3.8-flash-next"]["prefill_us_per_token_layer"]["value"] * 1e-6 \
+        * ATTENTION_HALF_SHARE
+    stall_bound = float(np.sum(attention + (512 - 96) * blob / rate))
+    assert runs[96] >= stall_bound
+    assert runs[384] < 0.9 * runs[96]
+    assert runs[384] >= float(np.sum(512 * blob)) / rate  # and the copies themselves bound the big ring

@@ -27,8 +27,9 @@ STREAM_GROUP_BLOBS. Three processes pass each group on:
            skip it (they are DMA'd directly)
   copy     the copy stream waits for the group's pinned buffers, for free ring slots (a Container of ring
            slots), then DMAs it (the H2D copy engine) and hands the pinned buffers back
-  compute  the compute stream runs the layer's experts in id order; a group's share waits for the group,
-           then frees its ring slots
+  compute  the compute stream runs the layer's attention half (no expert is read in it), then its experts in id
+           order; a group's share waits for the group, then frees its ring slots. Through the attention half
+           the copy stream runs only as far ahead as the ring has slots (ATTENTION_HALF_SHARE)
 so the ring, the pinned buffers, the copy engine, the drive and the stager threads each hold the others up
 only when they are the bottleneck. Refill after the last batched part copies every lent slot back from its
 source (one sync for the batch); a lent expert without a RAM copy is a file-blob read.
@@ -62,6 +63,17 @@ STREAM_GROUP_BLOBS = 16                   # blobs handed on together (our event 
 WEIGHT_READ_EFFICIENCY = 0.80             # of the spec DRAM rate: llama.cpp's decode reaches 80 % of the
                                           # roofline on a 5090 under Linux (ggml-org/llama.cpp#28196, hw §1.2)
 QSA_ATTENDED_CELLS = 2048                 # QSA reads ~2048 selected cells per query (§2.1)
+# A prompt layer runs its attention half (GDN or QSA) before its MoE half, and only the MoE half consumes streamed
+# experts (prefill.cpp, Prefill::run): the share of a token's compute in the attention half, from the kernels'
+# multiply-adds per token and layer (the geometry of §2.1; an assumption: the dense projections and the routed
+# experts' int8 products run at one rate per multiply-add). Attention half: the hyper-connection read
+# 10240 -> 320 -> 10240 (+ inject) 6.59 M, then GDN (36 layers: qkv 2560 -> 10240, gate 2560 -> 6144, alpha/beta
+# 2 x 2560 -> 48, out 6144 -> 2560, the recurrence's 4 passes over a 48 x 128 x 128 state) 61.07 M or QSA (12
+# layers: q 2560 -> 12288, k/v 2 x 2560 -> 512, indexer 2560 -> 128 and -> 512, out 6144 -> 2560, 2048 cells x 24
+# heads x 256 x 2, the indexer's pooled keys at a 16K context, c x 128) 78.71 M: 72.07 M on average. MoE half: its
+# hyper-connection read 6.59 M, router 2560 -> 512 1.31 M, shared expert 3 x 2560 x 640 4.92 M, 10 routed experts x
+# 4,915,200 = 49.15 M: 61.97 M. 72.07 / (72.07 + 61.97) = 0.538.
+ATTENTION_HALF_SHARE = 0.538
 
 # -- decode ------------------------------------------------------------------------------------------
 QSA_POOLED_KEY_BYTES_PER_CELL = 128       # the indexer scores one 512 B pooled key per 4 cells, per query (qsa.hpp)
@@ -103,15 +115,18 @@ def session_bytes(tokens: int) -> int:
 
 
 class _ChunkCompute:
-    """The compute stream of one prompt chunk: the layers in order, each layer's experts in id order. A streamed
+    """The compute stream of one prompt chunk: the layers in order, each layer's attention half (nothing streamed
+    is read, so the copy stream can run ahead only by the ring's free slots), then its experts in id order. A streamed
     group's share is issued when the group arrives (the callback of its copy), the groups that have arrived by
     then back to back (at most half the ring's), and a group's ring slots come back when its share is done; a
     stretch of resident experts needs nothing to arrive. Issuing from the arrivals' callbacks keeps the stream's
     order (copies arrive in order) with one event per share instead of a process resumed twice per group."""
 
-    def __init__(self, engine: "Strata", plans: list, layer_s: np.ndarray, ring_slots: simpy.Container, request: int,
-                 step_no: int, tokens: int, routed: np.ndarray, lent: int):
-        self.e, self.plans, self.layer_s, self.ring = engine, plans, layer_s, ring_slots
+    def __init__(self, engine: "Strata", plans: list, attention_s: float, moe_half_s: np.ndarray,
+                 ring_slots: simpy.Container, request: int, step_no: int, tokens: int, routed: np.ndarray, lent: int):
+        self.e, self.plans, self.ring = engine, plans, ring_slots
+        self.attention_s, self.moe_half_s = attention_s, moe_half_s
+        self.attention_issued = False
         self.request, self.step_no, self.tokens, self.routed, self.lent = request, step_no, tokens, routed, lent
         self.layer, self.g, self.done = 0, 0, -1  # the next group to issue, and the last expert id issued
         self.arrivals = [0] * len(plans)  # groups of each layer that have arrived
@@ -145,19 +160,24 @@ class _ChunkCompute:
         E = self.e.n_experts
         while self.layer < len(self.plans):
             groups = self.plans[self.layer]
+            if not self.attention_issued:
+                self.attention_issued = True
+                if self.attention_s > 0:
+                    self._issue(self.attention_s, 0)
             if self.g < len(groups):
                 if self.arrivals[self.layer] <= self.g:
                     return  # the next group is still on its way
                 h = min(self.arrivals[self.layer], self.g + self.batch)
                 last = groups[h - 1][1]
                 slots = sum(len(groups[i][0]) for i in range(self.g, h))
-                self._issue(self.layer_s[self.layer] * (last - self.done) / E, slots)
+                self._issue(self.moe_half_s[self.layer] * (last - self.done) / E, slots)
                 self.done, self.g = last, h
                 continue
-            end = self._issue(self.layer_s[self.layer] * (E - 1 - self.done) / E, 0) if self.done < E - 1 else \
+            end = self._issue(self.moe_half_s[self.layer] * (E - 1 - self.done) / E, 0) if self.done < E - 1 else \
                 self.e.m.gpu.idle_at()
             self.e._record_prefill_layer(self, self.layer, end)
             self.layer, self.g, self.done, self.layer_start = self.layer + 1, 0, -1, None
+            self.attention_issued = False
         if self.last_share is None or self.last_share.processed:
             self.finished.succeed()
         else:
@@ -580,15 +600,16 @@ class Strata:
         group = max(1, min(STREAM_GROUP_BLOBS, ring, PINNED_STAGING_BUFFERS))
         ring_slots = simpy.Container(env, capacity=ring, init=ring)
         routed_bytes = (self.pair_blob * routed).reshape(self.n_layers, self.n_experts).sum(axis=1)
-        layer_s = (T * self.prefill_token_layer_s + self.prefill_chunk_layer_s
-                   + routed_bytes * self.weight_read_s_per_byte)
+        attention_s = T * self.prefill_token_layer_s * ATTENTION_HALF_SHARE
+        moe_half_s = (T * self.prefill_token_layer_s * (1 - ATTENTION_HALF_SHARE) + self.prefill_chunk_layer_s
+                      + routed_bytes * self.weight_read_s_per_byte)
         lent = self.slots - self.loan_first if self.loan_first is not None else 0
         plans = []
         for layer in range(self.n_layers):
             lo = layer * self.n_experts
             ids = lo + np.flatnonzero(streamed_mask[lo: lo + self.n_experts])
             plans.append(self._split_groups(ids, codes, group))
-        compute = _ChunkCompute(self, plans, layer_s, ring_slots, request, step_no, T, routed, lent)
+        compute = _ChunkCompute(self, plans, attention_s, moe_half_s, ring_slots, request, step_no, T, routed, lent)
         env.process(self._stream(plans, ring_slots, compute))
         compute.advance()  # the layers before the first streamed group need nothing to arrive
         yield compute.finished
