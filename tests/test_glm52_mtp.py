@@ -167,6 +167,28 @@ def test_mtp_is_refused_upstream_and_needs_an_mtp_layer(tmp_path):
             load_scenario(path)
 
 
+# ------------------------------------------------------------------------------------------ batched prefill
+
+
+def test_a_batched_prompt_reads_every_expert_of_every_layer_and_leaves_the_cache_alone():
+    """The fork's GLM batch MoE kernels take each layer's whole expert tensors through the weight cache
+    (neutronstar README @253cfb1: "one full-layer sequential read serves the whole chunk"; ds4.c: "The batch
+    kernels address whole expert tensors via model->map ... ~2.4GB/layer of routed experts"): a 200-token
+    prompt (one chunk, above the 64-token decode-path limit) reads all 256 experts of each of the 75 routed
+    layers, 256 x 9,732,096 B = 2.32 GiB a layer, however few of them the chunk routes to."""
+    import tomllib
+
+    data = tomllib.loads(PER_CLASS.read_text())
+    data["workload"]["requests"] = [{"prompt_tokens": 200, "decode_tokens": 1, "measured": True}]
+    run = run_scenario(load_scenario(PER_CLASS, data))
+    prefill = run.steps[run.steps["phase"] == "prefill"]
+    assert len(prefill) == 75 and prefill["tokens"].eq(200).all()  # one chunk, the routed layers
+    assert prefill["file_blob_reads"].eq(256).all()
+    assert prefill["file_read_bytes"].eq(256 * 9_732_096).all()
+    assert (prefill["lookups"] < 256).any()  # the chunk's union is smaller: the reads do not follow it
+    assert prefill[["hits", "inserts"]].sum().sum() == 0  # the expert cache is neither read nor filled
+
+
 # ------------------------------------------------------------------------------------------ determinism
 
 

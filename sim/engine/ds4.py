@@ -22,7 +22,8 @@ decode, per token and layer (the "selected/shared overlap" path, §1.6):
 prefill: prompts of <= 18 tokens (64 when layer 0 is Q4_K) run the decode path token by token; longer ones
   run layer-major in chunks: per layer the chunk's expert union is staged (grow-only; cudaMalloc on growth),
   looked up in append mode (pr504+: hits copied, misses fill free slots, the rest loaded directly, never an
-  eviction) or, before #504, loaded whole after release_all frees every cache.
+  eviction) or, before #504, loaded whole after release_all frees every cache. The neutronstar GLM stack reads
+  each layer's whole expert tensors instead (Variant.prefill_whole_layers).
 a miss's bytes: with DS4_CUDA_NO_DIRECT_IO a buffered pread through the page cache (a hit is a host memcpy;
   a miss reads the drive, then copies), the pages dropped again unless DS4_CUDA_KEEP_MODEL_PAGES; otherwise
   O_DIRECT reads from the drive into pinned staging. The page cache is the RAM nobody holds (finite).
@@ -164,6 +165,7 @@ class Ds4:
         staging_buffers = PINNED_STAGING_BUFFERS + self.pool_workers
         if not self.metal:  # Metal preads straight into the cache's shared slots: no pinned ring
             mem.set("ram", "pinned staging", staging_buffers * copy_chunk * MIB)
+        self.copy_chunk_bytes = copy_chunk * MIB
         self.staging_bytes = 0
         self.notices: list[str] = []
         self._plan_budget(where, hw)
@@ -462,6 +464,20 @@ class Ds4:
         yield thread.hold(n_parts * self.m.sync_s, 0, n_parts, "stream sync", ready_s=self.m.h2d.end_of_last())
         return drive
 
+    def _stream_whole_layer(self, thread, layer: int):
+        """Every expert of the layer through the weight cache's staged copy (cuda_model_range_ptr_from_fd,
+        neutronstar @253cfb1 ds4_cuda.cu L1300-1390): one copy chunk read at a time into the pinned ring, each
+        uploaded on the upload stream while the next is read, one stream sync at the end. Whole experts per
+        chunk (the tensors' chunks do not end on experts; the bytes are the same). Returns the drive's bytes."""
+        per_chunk = max(1, self.copy_chunk_bytes // int(self.expert_bytes[layer]))
+        drive = 0
+        for first in range(0, self.n_experts, per_chunk):
+            group = np.arange(first, min(first + per_chunk, self.n_experts))
+            drive += yield from self._read(thread, layer, group)
+            self.m.h2d.book_copy(int(self.expert_bytes[layer]) * len(group), 1)
+        yield thread.hold(self.m.sync_s, 0, 1, "stream sync", ready_s=self.m.h2d.end_of_last())
+        return drive
+
     def _pool_load(self, layer: int, experts: np.ndarray):
         """#1082's pread pool (and the ROCm runtime's): the misses split over the workers, each reading (its own
         QD1) into its own pinned staging and uploading on its own stream; the reads overlap at the drive, the
@@ -700,7 +716,11 @@ class Ds4:
         union = np.unique(rows[:, layer])
         union = union[union != MISSING]
         n_bytes = int(len(union) * self.expert_bytes[layer])
-        if self.per_class:
+        if self.variant.prefill_whole_layers:
+            drive = yield from self._stream_whole_layer(self.main, layer)
+            hits, inserts, direct, handed = 0, 0, self.n_experts, 0
+            row.update(lookups=len(union), hits=0, inserts=0)
+        elif self.per_class:
             yield from self._grow_staging(self.main, n_bytes)
             pool = yield from self._prepare(self.main, int(self.class_of_layer[layer]))
             outcome, _, _ = self.cache.access(layer, union, pool, MODE_APPEND)

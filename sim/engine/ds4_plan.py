@@ -547,6 +547,13 @@ class Variant:
     # non-routed weights VRAM cannot hold stay in mapped host memory, read over PCIe at every use (the weight
     # cache's fallback, cuda_model_range_ptr); else they must all fit in VRAM
     weight_overflow: bool = False
+    # batched prefill reads every expert of each layer, not the chunk's union: the batch MoE kernels take the
+    # layer's whole expert tensors through the weight cache, which streams them from the file in copy chunks
+    # (the neutronstar GLM stack: glm_graph_routed_moe_batch_dispatch -> routed_moe_launch, which uses the
+    # compact selected cache only when the layer's selected load prepared it, and no GLM batch path prepares
+    # it; cuda_model_range_ptr -> cuda_model_range_ptr_from_fd, giannisanni/neutronstar @253cfb1 ds4.c
+    # L29825, ds4_cuda.cu L13630-13660 and L1300-1390); the expert cache is neither read nor filled
+    prefill_whole_layers: bool = False
 
 
 VARIANTS = {v.name: v for v in (
@@ -581,9 +588,11 @@ VARIANTS = {v.name: v for v in (
             "preads of a 9-thread pool into the slot, hits read in place; the non-routed weights mapped file "
             "pages (sim/cache/hotness.py, sim/engine/ds4.py)", "planner"),
     Variant("neutronstar-glm-slab", False, False, "memcpy", False, True,
-            "what-if: the neutronstar GLM stack's MTP draft steps with upstream's pre-504 slab"),
+            "what-if: the neutronstar GLM stack's MTP draft steps with upstream's pre-504 slab",
+            prefill_whole_layers=True),
     Variant("neutronstar-glm", True, True, "memcpy", False, True,
-            "giannisanni/neutronstar @db823235: PR #504 ported onto the fork's GLM CUDA stack"),
+            "giannisanni/neutronstar @db823235: PR #504 ported onto the fork's GLM CUDA stack; its batched prefill "
+            "(working from @1d8a26c's IQ2 LUT fix) reads whole layers", prefill_whole_layers=True),
 )}
 PREAD_POOL_WORKERS = 8  # #1082: "a pread pool of 8 workers, each with pinned staging and its own CUDA stream"
 # The builds whose Metal backend is modelled, and the only ones that run on a Metal profile: the CUDA and ROCm
