@@ -357,3 +357,47 @@ def test_metal_refuses_what_its_path_does_not_have(change, message):
 
     with pytest.raises(InputError, match=message):
         metal(**change)
+
+
+def uncached_q4(variant: str, env: dict):
+    """q4 Flash on the #503 box with no expert cache (every selected expert loaded per use), a short prompt
+    (decode path) and two decode tokens."""
+    data = {"hardware": "rtx-pro-6000-96gb", "model": "deepseek-v4-flash-q4",
+            "engine": {"name": "ds4", "variant": variant, "flags": {"ssd-streaming": True},
+                       "env": {"DS4_CUDA_STREAMING_EXPERT_CACHE_N": "0", **env}},
+            "trace": {"generator": "deepseek-v4-flash-q4", "seed": 0},
+            "workload": {"requests": [{"prompt_tokens": 8, "decode_tokens": 2, "measured": True}]}}
+    return run_scenario(load_scenario(SCENARIOS / "ds4-504-per-class.toml", data))
+
+
+def busy_by_kind(result, link_prefix: str):
+    from sim.engine.timeline import link_frame
+
+    links = link_frame(result.links)
+    links = links[links["link"].str.startswith(link_prefix)]
+    return links.assign(seconds=links["end_s"] - links["start_s"]).groupby("kind")[["seconds", "bytes", "ops"]].sum()
+
+
+def test_pr605_copies_misses_from_the_mapping_without_o_direct():
+    """#605's fourth commit (5930a3f, 'default streamed expert uploads to plain copy without O_DIRECT'): with
+    DS4_CUDA_NO_DIRECT_IO each of a miss's three parts is one cudaMemcpy from the mapped file, through the
+    driver's pageable path: every loaded byte crosses at the profile's pageable rate (15 GB/s on this box) and
+    none is pread into staging; the first commit alone preads every part."""
+    env = {"DS4_CUDA_NO_DIRECT_IO": "1", "DS4_CUDA_KEEP_MODEL_PAGES": "1"}
+    loaded_bytes = lambda run: int(run.steps["h2d_bytes"].sum())  # noqa: E731
+    plain = uncached_q4("pr605", env)
+    h2d, worker = busy_by_kind(plain, "H2D"), busy_by_kind(plain, "ds4 selected-load worker")
+    assert h2d.loc["pageable H2D", "bytes"] == loaded_bytes(plain)
+    assert h2d.loc["pageable H2D", "seconds"] == pytest.approx(loaded_bytes(plain) / 15e9)
+    assert "pread copy" not in worker.index
+    staged = busy_by_kind(uncached_q4("pr605-cache", env), "ds4 selected-load worker")
+    assert staged.loc["pread copy", "bytes"] == loaded_bytes(plain)
+
+
+def test_pr605_syncs_the_upload_stream_once_per_expert_with_o_direct():
+    """#605's third commit (1c055bb, 'pipeline the streamed expert upload path'): a miss's gate, up and down
+    are one group with a single stream sync (flush=0,0,1); before it every part was synced."""
+    for variant, syncs_per_expert in (("pr605", 1), ("pr605-cache", 3)):
+        run = uncached_q4(variant, {})
+        worker = busy_by_kind(run, "ds4 selected-load worker")
+        assert worker.loc["stream sync", "ops"] == syncs_per_expert * run.steps["file_blob_reads"].sum()

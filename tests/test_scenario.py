@@ -192,7 +192,7 @@ STRATA = (ROOT / "scenarios" / "strata-658-own.toml").read_text()
     (STRATA, "expert-cache = 5400", "expert-cache = 30000",
      "engine.flags.expert-cache = 30000: more than the model's 24576"),
     (DS4, 'name = "ds4"', 'name = "vllm"', "engine.name = vllm: must be one of 'ds4', 'strata'"),
-    (DS4, 'variant = "pr504"', 'variant = "pr-504"', "engine.variant = pr-504: must be 'pre-504', 'pr504', 'pr605', 'pr1031', 'pr1082', 'pr488', 'main-0728', 'main-v41', 'main-0814', 'neutronstar-glm-slab' or 'neutronstar-glm'"),
+    (DS4, 'variant = "pr504"', 'variant = "pr-504"', "engine.variant = pr-504: must be 'pre-504', 'pr504', 'pr605-cache', 'pr605', 'pr1031', 'pr1082', 'pr488', 'main-0728', 'main-v41', 'main-0814', 'neutronstar-glm-slab' or 'neutronstar-glm'"),
     (DS4, 'DS4_CUDA_NO_DIRECT_IO = "1"', 'DS4_CUDA_NO_DIRECT_IO = "1"\nDS4_CUDA_HITS_FIRST = "0"',
      "engine.env.DS4_CUDA_HITS_FIRST = 0: read only by variant pr1082; this scenario's variant is pr504"),
     (DS4, "ssd-streaming = true", 'ssd-streaming = true\nmtp = "mtp.gguf"',

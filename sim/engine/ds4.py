@@ -14,8 +14,9 @@ decode, per token and layer (the "selected/shared overlap" path, §1.6):
            on the default stream, so they queue behind the kernels), then the slot map uploaded
   main     meanwhile enqueues the shared expert on the default stream; joins the worker; enqueues the routed
            experts' kernel, which the next layer's work queues behind.
-  Variants change who waits on what, not the arithmetic: pr605 gathers the hits with one kernel instead of the
-  per-expert copies; pr1031 has no copy at all (kernels read the slots); pr1082 enqueues the hits' experts
+  Variants change who waits on what, not the arithmetic: pr605-cache gathers the hits with one kernel instead of
+  the per-expert copies, and pr605 also copies a miss's parts straight from the mapped file without O_DIRECT
+  (one sync per expert with it); pr1031 has no copy at all (kernels read the slots); pr1082 enqueues the hits' experts
   first and reads the misses with 8 pread workers, each with its own staging and stream, so reads overlap
   each other (the drive's queue depth) and the hits' compute. DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP
   runs the fetch before the shared expert on the main thread.
@@ -454,14 +455,46 @@ class Ds4:
 
     def _load(self, thread, layer: int, experts: np.ndarray):
         """The engine's streamed copy for each expert: 3 x (read -> H2D on the upload stream -> stream sync),
-        one part after another (QD1). Grouped per call: with one thread the chain's time is the sum either way."""
+        one part after another (QD1). Grouped per call: with one thread the chain's time is the sum either way.
+        #605's later commits: with no O_DIRECT fd each part is a plain cudaMemcpy from the mapped file (the
+        driver's pageable copy, 5930a3f); with one, the ring is kept across an expert's three parts and synced
+        once (1c055bb), so the gate and up uploads run while the next part is read."""
         if not len(experts):
             return 0
+        m = self.m
         n_parts = PARTS_PER_EXPERT * len(experts)
         n_bytes = int(self.expert_bytes[layer]) * len(experts)
+        pr605 = self.variant.miss_copy == "pr605"
+        if pr605 and self.buffered:
+            drive = yield from self._map_in(layer, experts)
+            end = m.h2d.book(n_bytes / m.rates["h2d_pageable"], n_bytes, n_parts, "pageable H2D")
+            yield thread.hold(n_parts * m.memcpy_call_s, 0, n_parts, "cudaMemcpy (pageable)", ready_s=end)
+            return drive
         drive = yield from self._read(thread, layer, experts)
-        self.m.h2d.book_copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
-        yield thread.hold(n_parts * self.m.sync_s, 0, n_parts, "stream sync", ready_s=self.m.h2d.end_of_last())
+        if pr605:  # 1c055bb: only the down parts' uploads are left after the reads
+            m.h2d.book_copy(int(self.part_bytes[layer, 2]) * len(experts), len(experts))
+            n_syncs = len(experts)
+        else:
+            m.h2d.book_copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
+            n_syncs = n_parts
+        yield thread.hold(n_syncs * m.sync_s, 0, n_syncs, "stream sync", ready_s=m.h2d.end_of_last())
+        return drive
+
+    def _map_in(self, layer: int, experts: np.ndarray):
+        """The pages of these experts in the mapped file, as a copy from the mapping touches them: page-cache
+        hits are in RAM, misses fault in from the drive one after another; the pages dropped again unless
+        DS4_CUDA_KEEP_MODEL_PAGES (as after a buffered pread). Returns the bytes that came from the drive."""
+        m = self.m
+        keys = layer * self.n_experts + experts.astype(np.int64)
+        in_ram = m.page_cache.access(keys, insert=True)
+        n_miss = int((~in_ram).sum())
+        self.page_cache_reads["hits"] += len(keys) - n_miss
+        self.page_cache_reads["misses"] += n_miss
+        drive = n_miss * int(self.expert_bytes[layer])
+        if drive:
+            yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1)
+        if not self.keep_pages:
+            m.page_cache.drop(keys)
         return drive
 
     def _stream_whole_layer(self, thread, layer: int):

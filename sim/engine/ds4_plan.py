@@ -554,14 +554,25 @@ class Variant:
     # it; cuda_model_range_ptr -> cuda_model_range_ptr_from_fd, giannisanni/neutronstar @253cfb1 ds4.c
     # L29825, ds4_cuda.cu L13630-13660 and L1300-1390); the expert cache is neither read nor filled
     prefill_whole_layers: bool = False
+    # how a miss's three parts reach the GPU: "per-part" each read into pinned staging, uploaded and synced in
+    # turn (the ring restarts every call, ds4-engine.md §1.8); "pr605" #605's third and fourth commits: with no
+    # O_DIRECT fd a plain cudaMemcpy from the mapped file (5930a3f, "default streamed expert uploads to plain
+    # copy without O_DIRECT"), else the ring kept across the parts and one sync per expert (1c055bb, "pipeline
+    # the streamed expert upload path"; both as described in nexus-cw/ds4 research/gb10/MEASUREMENTS.md)
+    miss_copy: str = "per-part"
 
 
 VARIANTS = {v.name: v for v in (
     Variant("pre-504", False, False, "memcpy", False, False, "antirez/ds4 @80ebbc3 (ds4-engine.md §1.2-§1.10)"),
     Variant("pr504", True, True, "memcpy", False, False, "PR #504 (seed; ds4-engine.md §1.13)"),
+    Variant("pr605-cache", True, True, "gather", False, False,
+            "PR #605's first commit (10ba298): the restored per-class cache, cache-reading prefill and its device "
+            "gather-slots table (ds4-engine.md §1.14; the table sits with the restored cache in iCreil/ds4 "
+            "@35f2513, whose streamed copy is still the per-part one the third commit replaced)"),
     Variant("pr605", True, True, "gather", False, False,
-            "PR #605 commit 1 (restored per-class cache, cache-reading prefill) and its device gather-slots table "
-            "(ds4-engine.md §1.14); the PR's other two commits are not in the notes and not modelled"),
+            "PR #605, all four commits: pr605-cache, then the per-load VRAM query skipped once the cache has "
+            "settled (9167d12), the pipelined streamed upload (1c055bb) and plain pageable copies without "
+            "O_DIRECT (5930a3f)", miss_copy="pr605"),
     Variant("pr1031", True, True, "none", False, False,
             "PR #1031: bounded LRU in contiguous slabs, kernels read remapped slots (no D2D copy), IQ2 prefill "
             "through the compact selected table (ds4-engine.md §1.14)"),
@@ -673,8 +684,8 @@ class Settings(Strict):
     KEY_KIND: ClassVar[str] = "ds4 engine key"
     name: Literal["ds4"]
     # pre-504 .. pr1082, pr488, main-0728, main-v41, main-0814 (Metal), neutronstar-*: see VARIANTS.
-    variant: Literal["pre-504", "pr504", "pr605", "pr1031", "pr1082", "pr488", "main-0728", "main-v41", "main-0814",
-                     "neutronstar-glm-slab", "neutronstar-glm"]
+    variant: Literal["pre-504", "pr504", "pr605-cache", "pr605", "pr1031", "pr1082", "pr488", "main-0728", "main-v41",
+                     "main-0814", "neutronstar-glm-slab", "neutronstar-glm"]
     flags: Flags = Field(default_factory=Flags)
     env: Env = Field(default_factory=Env)
 
