@@ -300,7 +300,7 @@ def generator_honesty_table() -> str:
 
 
 def replay_spread_table() -> str:
-    """The GPU copy replay on two H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
+    """The GPU copy replay on several H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
     import json
 
     record = json.loads((ROOT / "scenarios" / "hardware" / "calibration" / "h200-replay-spread.json").read_text())
