@@ -780,12 +780,13 @@ def validate(
                       "ok": {True: "yes", False: "no", None: r["failed"] and "failed"}[r["within"]],
                       "p10-p90": None if r.get("band_p10") is None else
                       f"{_fmt(r['band_p10'])}-{_fmt(r['band_p90'])}" + ("" if r["in_band"] else " (misses)"),
+                      "why not in band": r.get("band_reason"),
                       "out of domain": len(r["out_of_domain"]) or None})
     t = record["totals"]
     _print(_table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['prediction_rows_within']}"
                      f" of {t['prediction_rows_judged']} prediction figures within tolerance", shown,
                      ["case", "role", "figure", "predicted", "measured", "error", "ok",
-                      *(["p10-p90"] if uncertainty else []), "out of domain"]))
+                      *(["p10-p90", "why not in band"] if uncertainty else []), "out of domain"]))
 
 
 class PlotlyJs(str, Enum):

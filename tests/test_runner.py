@@ -70,7 +70,7 @@ def test_a_point_that_does_not_load_records_its_error_without_running():
 def test_a_point_that_fails_at_run_time_records_one_line(monkeypatch):
     import sim.engine.run as run_module
 
-    def boom(scenario):
+    def boom(scenario, record_values=None):
         raise RuntimeError("the engine fell over\nin two lines")
 
     monkeypatch.setattr(run_module, "run_scenario", boom)

@@ -12,7 +12,8 @@ import pytest
 
 from sim.engine.records import RECORDS
 from sim.errors import InputError
-from sim.explore.validate import CASES_DIR, TOLERANCE, Measured, compare, load_case, load_cases, validate_all
+from sim.explore.validate import CASES_DIR, TOLERANCE, Measured, band_reason, compare, load_case, load_cases, \
+    validate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "figures" / "validation-cases.json"
@@ -100,6 +101,18 @@ def test_compare_known_answers():
     assert failed["predicted"] is None and failed["within"] is None and failed["failed"] == "it broke"
 
 
+def test_band_reason_known_answers():
+    row = {"in_band": False, "band_p10": 5.0, "band_median": 5.0, "band_p90": 5.0, "within": True, "note": None}
+    assert band_reason(row).startswith("no estimated input moves it")  # a band of zero width
+    row.update(band_p10=4.0, band_p90=6.0)
+    assert band_reason(row).startswith("within tolerance")
+    row.update(within=False)
+    assert band_reason(row) == "outside tolerance: a mechanism or setting the model lacks"
+    row.update(note="the Metal path's host work is not modelled")
+    assert band_reason(row) == "outside tolerance: the Metal path's host work is not modelled"
+    assert band_reason({**row, "in_band": True}) is None and band_reason({**row, "in_band": None}) is None
+
+
 def test_tolerances_are_the_issues():
     assert TOLERANCE == {"ratio": 0.15, "percent": 10.0, "absolute": 0.25}
 
@@ -126,6 +139,21 @@ def test_no_case_regresses_from_within_to_outside_its_tolerance():
     regressed = [f"{case} {metric} {arms}" for (case, metric, arms), was in recorded.items()
                  if was and not now.get((case, metric, arms))]
     assert not regressed, f"now outside tolerance: {regressed}"
+
+
+def test_the_recorded_bands_are_of_the_current_predictions():
+    # docs/reference/validation-bands.json is one recorded `validate --uncertainty` run (minutes): its central
+    # predictions must be the recorded exhibit's (itself checked current by tests/test_docs.py), else re-record it;
+    # every prediction figure outside its band carries a reason
+    bands = json.loads((ROOT / "docs" / "reference" / "validation-bands.json").read_text())["record"]["rows"]
+    exhibit = {(r["case"], r["metric"], r["arms"]): r["predicted"] for r in json.loads(RECORDED.read_text())["data"]["rows"]}
+    recorded = {(r["case"], r["metric"], r["arms"]): r["predicted"] for r in bands}
+    assert recorded.keys() == exhibit.keys()
+    for key, predicted in exhibit.items():
+        assert recorded[key] == pytest.approx(predicted, rel=1e-9, abs=1e-12), key
+    for r in bands:
+        if r["role"] == "prediction" and r.get("in_band") is False:
+            assert r["band_reason"], (r["case"], r["metric"], r["arms"])
 
 
 def test_cli_validate_json_for_one_case():

@@ -226,6 +226,7 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
             row = {**head, **compare(m, arm_rows)}
             if sampled:
                 row.update(_band(m, {a: sampled[(case.id, a)] for a in m.arms}))
+                row["band_reason"] = band_reason(row)
             rows.append(row)
         summary.append({**head, "expressible": True, "arms": len(case.arms),
                         "arm_rows": {name: _arm_figures(row) for name, row in arm_rows.items()}})
@@ -269,6 +270,20 @@ def _band(m: Measured, samples: dict[str, list[dict]]) -> dict:
     consistent = None if q["p10"] is None else (m.low <= q["p90"] and m.high >= q["p10"])
     return {"band_p10": q["p10"], "band_median": q["median"], "band_p90": q["p90"], "band_samples": q["n"],
             "in_band": consistent}
+
+
+def band_reason(row: dict) -> str | None:
+    """Why a prediction's measured figure lies outside its p10-p90 band (None when it is inside, or not banded),
+    from the row itself: a band of zero width (no estimated input moves the figure), a miss inside tolerance
+    (the estimates alone do not span the rest of the error), or a miss outside it (the figure's note says what
+    the model lacks, where the case gives one)."""
+    if row.get("in_band") is not False:
+        return None
+    if row["band_p90"] - row["band_p10"] <= 1e-9 * max(1.0, abs(row["band_median"])):
+        return "no estimated input moves it: it follows from the engine's rules and sourced figures"
+    if row["within"]:
+        return "within tolerance; the estimated inputs' ranges alone do not span the rest of the error"
+    return "outside tolerance: " + (row["note"] or "a mechanism or setting the model lacks")
 
 
 def _arm_figures(row: dict) -> dict:
@@ -318,5 +333,5 @@ def validate_all(workers: int | None = None) -> dict:
     return validate_cases(load_cases(), workers=workers)
 
 
-__all__ = ["CASES_DIR", "Case", "Measured", "TOLERANCE", "compare", "load_case", "load_cases", "provenance",
-           "totals", "validate_all", "validate_cases", "write_record"]
+__all__ = ["CASES_DIR", "Case", "Measured", "TOLERANCE", "band_reason", "compare", "load_case", "load_cases",
+           "provenance", "totals", "validate_all", "validate_cases", "write_record"]

@@ -277,7 +277,7 @@ def validation_table() -> str:
     rows = []
     for r in exhibit("validation-cases")["data"]["rows"]:
         if r["metric"] is None:
-            rows.append([f"`{r['case']}`", r["role"], r["note"], "", "", "", "", "", r["source"]])
+            rows.append([f"`{r['case']}`", r["role"], r["note"], "", "", "", "", "", r["source"], ""])
             continue
         measured = _figure_text(r["measured_low"], r["kind"])
         if r["measured_high"] != r["measured_low"]:
@@ -287,9 +287,9 @@ def validation_table() -> str:
         ok = {True: "yes", False: "**no**", None: "failed: " + (r["failed"] or "")}[r["within"]]
         rows.append([f"`{r['case']}`", r["role"], f"{r['metric']} ({r['kind']}, {r['arms']})",
                      _figure_text(r["predicted"], r["kind"]), measured, error, ok, r["out_of_domain"] or "",
-                     r["source"]])
-    return table(["case", "role", "figure", "predicted", "measured", "error", "within", "out of domain", "measured where"],
-                 rows, "lllrrrlrl")
+                     r["source"], r["note"] or ""])
+    return table(["case", "role", "figure", "predicted", "measured", "error", "within", "out of domain", "measured where",
+                  "what the model lacks"], rows, "lllrrrlrll")
 
 
 def generator_honesty_table() -> str:
@@ -445,11 +445,41 @@ def bench_table() -> str:
             + table(["row", "value", "target", "met"], rows, "lrll"))
 
 
+# docs/reference/validation-bands.json: one recorded `expertsim validate --uncertainty N --json` run (every arm on N
+# Latin-hypercube samples of its estimated inputs) with the machine it ran on: minutes of runs, so recorded (re-record
+# it after a change that moves a prediction; tests/test_validate.py checks its predictions are the current ones).
+
+
+def validation_bands_record() -> dict:
+    return json.loads((ROOT / "docs" / "reference" / "validation-bands.json").read_text())
+
+
+def validation_bands_table() -> str:
+    """Each prediction figure's p10-p90 band over the estimated inputs, and why a measured figure outside it is."""
+    recorded = validation_bands_record()
+    rows, inside, judged = [], 0, 0
+    for r in recorded["record"]["rows"]:
+        if r["role"] != "prediction" or r["metric"] is None or r.get("in_band") is None:
+            continue
+        judged += 1
+        inside += bool(r["in_band"])
+        measured = _figure_text(r["measured_low"], r["kind"])
+        if r["measured_high"] != r["measured_low"]:
+            measured += f"–{_figure_text(r['measured_high'], r['kind'])}"
+        band = f"{_figure_text(r['band_p10'], r['kind'])}–{_figure_text(r['band_p90'], r['kind'])}"
+        rows.append([f"`{r['case']}`", f"{r['metric']} ({r['kind']}, {r['arms']})", _figure_text(r["predicted"], r["kind"]),
+                     band, measured, "yes" if r["in_band"] else "**no**", r.get("band_reason") or ""])
+    return (f"Recorded {recorded['recorded']} on {recorded['machine']} (`{recorded['command']}`): {inside} of {judged} "
+            "measured figures inside their band; every other one with the reason.\n\n"
+            + table(["case", "figure", "predicted", "p10–p90", "measured", "in band", "why not"], rows, "llrrrll"))
+
+
 REGIONS = {"replay-spread": replay_spread_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
            "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,
-           "trace-parquet-schema": trace_parquet_schema, "trace-header": trace_header, "bench-table": bench_table}
+           "trace-parquet-schema": trace_parquet_schema, "trace-header": trace_header, "bench-table": bench_table,
+           "validation-bands": validation_bands_table}
 
 
 def render(name: str) -> str | None:
