@@ -150,7 +150,7 @@ def test_the_recorded_bands_are_of_the_current_predictions():
     recorded = {(r["case"], r["metric"], r["arms"]): r["predicted"] for r in bands}
     assert recorded.keys() == exhibit.keys()
     for key, predicted in exhibit.items():
-        assert recorded[key] == pytest.approx(predicted, rel=1e-9, abs=1e-12), key
+        assert recorded[key] == (None if predicted is None else pytest.approx(predicted, rel=1e-4)), key  # 5 digits
     for r in bands:
         if r["role"] == "prediction" and r.get("in_band") is False:
             assert r["band_reason"], (r["case"], r["metric"], r["arms"])

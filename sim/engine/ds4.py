@@ -436,14 +436,9 @@ class Ds4:
         if not len(experts):
             return 0
         m = self.m
-        keys = layer * self.n_experts + experts.astype(np.int64)
         n_bytes = int(self.expert_bytes[layer]) * len(experts)
         if self.buffered:
-            in_ram = m.page_cache.access(keys, insert=True)
-            n_miss = int((~in_ram).sum())
-            self.page_cache_reads["hits"] += len(keys) - n_miss
-            self.page_cache_reads["misses"] += n_miss
-            drive = n_miss * int(self.expert_bytes[layer])
+            keys, n_miss, drive = self._page_cache_lookup(layer, experts)
             if drive:
                 yield m.ssd.read(drive, PARTS_PER_EXPERT * n_miss, depth)
             yield from m.memcpy(thread, n_bytes, 1, "pread copy")
@@ -485,17 +480,22 @@ class Ds4:
         hits are in RAM, misses fault in from the drive one after another; the pages dropped again unless
         DS4_CUDA_KEEP_MODEL_PAGES (as after a buffered pread). Returns the bytes that came from the drive."""
         m = self.m
-        keys = layer * self.n_experts + experts.astype(np.int64)
-        in_ram = m.page_cache.access(keys, insert=True)
-        n_miss = int((~in_ram).sum())
-        self.page_cache_reads["hits"] += len(keys) - n_miss
-        self.page_cache_reads["misses"] += n_miss
-        drive = n_miss * int(self.expert_bytes[layer])
+        keys, _, drive = self._page_cache_lookup(layer, experts)
         if drive:
             yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1)
         if not self.keep_pages:
             m.page_cache.drop(keys)
         return drive
+
+    def _page_cache_lookup(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """These experts' file extents looked up (and inserted) in the page cache: their keys, how many missed,
+        and the bytes the misses read from the drive; the hits and misses counted."""
+        keys = layer * self.n_experts + experts.astype(np.int64)
+        in_ram = self.m.page_cache.access(keys, insert=True)
+        n_miss = int((~in_ram).sum())
+        self.page_cache_reads["hits"] += len(keys) - n_miss
+        self.page_cache_reads["misses"] += n_miss
+        return keys, n_miss, n_miss * int(self.expert_bytes[layer])
 
     def _stream_whole_layer(self, thread, layer: int):
         """Every expert of the layer through the weight cache's staged copy (cuda_model_range_ptr_from_fd,
