@@ -108,6 +108,13 @@ def test_restore_of_a_984_token_checkpoint_current_band():
     assert 18.0 <= ms <= 21.0
 
 
+@pytest.mark.xfail(strict=True, reason="simulated ~19.4 ms vs the fork's measured ~26 ms (-25.4 %, just past the "
+                                      "absolute tolerance of 25 %): see docs/validation.md, 'Strata's checkpoint restore'")
+def test_restore_of_a_984_token_checkpoint_within_25_percent_of_26_ms():
+    ms = state("conversation-aba")["conversation_cache"]["restore_ms_984_tokens"]
+    assert abs(ms - 26.0) / 26.0 <= 0.25
+
+
 # ------------------------------------------------------------------------------------------ mechanisms
 
 
