@@ -346,6 +346,41 @@ def test_metal_warm_page_cache_is_the_previous_run_of_the_same_command():
     assert cold["engine_state"]["page_cache"]["read_hits"] < cold["engine_state"]["page_cache"]["read_misses"]
 
 
+def metal_timeline(tokens: int = 3):
+    """The links of a short 8 GB run on the M5 Pro: per token, the main thread's 43 graph encodes and the GPU's
+    kernels, each with the layer it belongs to (the kernels run in the order encoded: a layer's attention, shared
+    and routed experts, then the next layer's attention)."""
+    from sim.engine.timeline import link_frame
+
+    data = {"hardware": "m5-pro-64gb", "model": "deepseek-v4-flash-q2",
+            "engine": {"name": "ds4", "variant": "main-0814",
+                       "flags": {"ssd-streaming": True, "ssd-streaming-cache-experts": "8GB"}},
+            "trace": {"generator": "deepseek-v4-flash-q2", "seed": 0},
+            "workload": {"requests": [{"prompt_tokens": 1, "decode_tokens": tokens - 1, "measured": True}]}}
+    run = run_scenario(load_scenario(SCENARIOS / "ds4-504-per-class.toml", data))
+    links = link_frame(run.links).sort_values("start_s", kind="stable")
+    encodes = links[links.kind == "graph encode"].reset_index(drop=True)
+    gpu = links[links.link == "GPU compute stream"].copy()
+    gpu["layer"] = (gpu.kind == "attention + router").cumsum() - 1  # 0 .. 43 x tokens - 1
+    return run, encodes, gpu
+
+
+def test_metal_routed_experts_wait_for_the_next_layers_commit():
+    # ds4.c @b0309611 L23873-L23990: the main thread commits at a layer's router signal and after its shared
+    # expert, and encodes the routed experts only after the join and the preads, so they go to the GPU in the
+    # command buffer the next layer's router signal closes. The hash layers (0-2) commit nothing: their kernels
+    # wait for layer 3's router
+    _, encodes, gpu = metal_timeline()
+    assert len(encodes) == 3 * 43
+    routed = gpu[gpu.kind.isin(["routed experts", "routed experts (misses)"])]
+    for _, kernel in routed.iterrows():
+        if (kernel.layer + 1) % 43:  # the last layer's go with the output head, at the token's end
+            assert kernel.start_s >= encodes.end_s[kernel.layer + 1] - 1e-12
+    for token in range(3):
+        first = gpu[gpu.layer == 43 * token].start_s.min()
+        assert first >= encodes.end_s[43 * token + 3] - 1e-12
+
+
 @pytest.mark.parametrize("change, message", [
     ({"variant": "pr504"}, "modelled for variant main-0814 only"),
     ({"hardware": "dgx-spark-gb10"}, "modelled on its Metal backend only"),

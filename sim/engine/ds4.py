@@ -34,8 +34,9 @@ the Metal backend (a Metal profile, variant main-0814: ds4_metal.m and ds4.c rea
   unified memory the page cache lives in shrinks with them); a miss is 3 buffered preads into the slot on a pool of
   9 threads, a hit is read in place; the non-routed weights are the mapped file's pages, faulted from the drive
   when the page cache lacks them; a warm page cache is what the same command's previous run left. The split
-  hits-first path runs once the cache is warm. Not modelled there: its batch prefill (prompts over 18 tokens, 64
-  for Q4_K/MXFP4 files) and mixed-quant files; the hash layers' loads (layers 0-2) are treated as the others'.
+  hits-first path runs once the cache is warm. The GPU runs what the host has committed: a layer's routed experts
+  wait for the next layer's encode; the hash layers (0-2) get their ids on the host. Not modelled there: its batch
+  prefill (prompts over 18 tokens, 64 for Q4_K/MXFP4 files) and mixed-quant files.
 Every layer step is one row of steps.parquet; the copies of a step are rows of copy_plan.parquet.
 """
 
@@ -70,6 +71,7 @@ DEFAULT_COPY_CHUNK_MIB = 64                # DS4_CUDA_MODEL_COPY_CHUNK_MB defaul
 ROCM_READ_WORKERS = 16                     # DS4_ROCM_STREAM_READ_DEFAULT_WORKERS (rocm/ds4_rocm_runtime.cuh @54b36ed)
 WEIGHT_ARENA_CHUNK_MIB = 1792              # DS4_CUDA_WEIGHT_ARENA_CHUNK_MB default (ds4_cuda.cu @54b36ed L1759-1775)
 SELECTED_IDS_BYTES = 6 * 4                 # the router's 6 int32 ids read back per layer (§1.6)
+METAL_HASH_LAYERS = 3                      # DS4_N_HASH_LAYER, Flash (ds4.c @b0309611 L560): routed by the token's table
 APPLE_PAGE_BYTES = 16 * 1024               # getpagesize() on Apple silicon macOS: the Metal cache's slots are page-rounded
 METAL_CACHE_MEMORY = "expert cache (wired slots)"  # the Metal cache's share of the pool (an allocation's name)
 # fmt: on
@@ -574,6 +576,7 @@ class Ds4:
         self.weight_keys = self.m.page_cache.add_extents(self.weight_bytes)
         self.weight_fault_bytes = 0
         self.cache_peak_bytes = 0
+        self.gpu_unsent: list[tuple[float, str]] = []  # kernels encoded into the open command buffer, not committed
         if scenario.workload.page_cache == "warm":
             self._metal_previous_run()
 
@@ -637,35 +640,58 @@ class Ds4:
         yield env.all_of([env.process(worker(thread)) for thread in self.pool[:n_workers]])
         return n_miss * int(self.expert_bytes[layer])
 
+    def _metal_commit(self, ready_s: float) -> None:
+        """[cb commit] of the open command buffer (ds4_gpu_flush_commands, ds4_metal.m L8221): the GPU gets the
+        kernels encoded since the last commit, in order, once the host has encoded them (ready_s)."""
+        for seconds, label in self.gpu_unsent:
+            self.m.gpu.book(seconds, 0, 0, label, ready_s=ready_s)
+        self.gpu_unsent.clear()
+
     def _metal_decode_layer(self, layer: int, experts: np.ndarray, row: dict):
-        """One decode-path layer on Metal, the "selected/shared overlap" of ds4.c @b0309611 L23873-L23990: the
-        main thread encodes the attention and router, whose kernels wait for the layer's weight pages, and signals
-        the readback; the async load worker reads the ids back, looks them up, picks the victims and starts the
-        pread pool (begin_selected_load); meanwhile the GPU runs the shared expert; the main thread flushes and
-        joins the worker, then the routed experts run when the loads are in (hits read in place from their
-        slots, no copy), the hits first once the split is ready and worthwhile (sim.cache.hotness)."""
+        """One decode-path layer on Metal (ds4.c @b0309611 L23873-L23990). The GPU runs only what the host has
+        committed, and the main thread commits at the router signal (the early commit) and after the shared expert,
+        so a layer's routed experts go in the command buffer that the next layer's router signal closes: they wait
+        for the host to encode that layer's attention. A layer whose router picks its experts signals the ids;
+        the async load worker waits for the event, reads the ids back, looks them up, picks the victims and starts
+        the pread pool (begin_selected_load); meanwhile the GPU runs the shared expert; the main thread joins the
+        worker, commits the hits' experts first once the split is ready and worthwhile (sim.cache.hotness), then
+        waits for the preads before it encodes the rest (the routed encode finishes the pending load, ds4_metal.m
+        L14399). The hash layers (0-2) take their ids from the token on the host: the main thread starts their
+        loads itself and commits nothing (metal_graph_decode_set_hash_selected_override, ds4.c L23221: no
+        selected-id overlap for a layer with a token table), so their kernels wait for the first router signal.
+        Hits are read in place from their slots, no copy."""
         m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
         if layer == 0:
             self.mcache.note_token()
         encoded = self.main.book(self.encode_layer_s, 0, 1, "graph encode")
         yield from self._metal_fault_weights(layer)
-        m.gpu.book(other_s, 0, 0, "attention + router", ready_s=encoded)
-        synced = self.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
-        m.gpu.book(shared_s, 0, 0, "shared expert", ready_s=synced)
-        yield self.worker.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback", ready_s=synced)
+        self.gpu_unsent.append((other_s, "attention + router"))
+        hashed = layer < METAL_HASH_LAYERS
+        if hashed:  # the ids are the token's: looked up on the main thread once it has encoded the router
+            yield m.env.timeout(max(0.0, encoded - m.env.now))
+            self.gpu_unsent.append((shared_s, "shared expert"))
+        else:
+            self._metal_commit(encoded)  # the early commit after the router's signal
+            signalled = m.gpu.idle_at()
+            self.gpu_unsent.append((shared_s, "shared expert"))
+            self._metal_commit(encoded)  # flushed before the join
+            yield self.worker.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback",
+                                   ready_s=signalled)
         split_ready = self.mcache.split_ready()
         lookup = self.mcache.access(layer, experts)
         self._set_cache_memory(self.mcache.count)
         reads = m.env.process(self._metal_read(layer, lookup.loads))
-        yield self.main.hold(m.sync_s, 0, 1, "flush + join", ready_s=self.worker.end_of_last())
+        if not hashed:  # the main thread joins the worker
+            yield m.env.timeout(max(0.0, self.worker.end_of_last() - m.env.now))
         k, hits = len(experts), lookup.hits
         split = split_ready and hits >= 1 and lookup.misses >= SPLIT_MIN_MISSES
-        if split:  # the hits' experts run while the misses load
-            m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
+        if split:  # the hits' experts committed before the preads are waited for
+            self.gpu_unsent.append((routed_s * hits / k, "routed experts (hits)"))
+            self._metal_commit(m.env.now)
         drive = yield reads
-        m.gpu.book(routed_s * (k - hits) / k if split else routed_s, 0, 0,
-                   "routed experts (misses)" if split else "routed experts")
+        self.gpu_unsent.append((routed_s * (k - hits) / k if split else routed_s,
+                                "routed experts (misses)" if split else "routed experts"))
         evictions = int(np.count_nonzero(lookup.victims >= 0))
         row.update(lookups=k, hits=hits, inserts=len(lookup.loads) - evictions, evictions=evictions)
         self._record(row, layer, hits, len(lookup.loads), 0, 0, drive)
@@ -734,6 +760,8 @@ class Ds4:
         for layer, experts in steps:
             row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=self.m.env.now, tokens=1)
             yield from decode_layer(layer, experts, row)
+        if self.metal:  # the last layer's routed experts go with the output head, committed at the token's end
+            self._metal_commit(self.m.env.now)
         # the token exists once the last layer's kernels (queued on the stream) are done
         yield self.m.gpu.drained()
 
