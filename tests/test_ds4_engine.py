@@ -347,9 +347,9 @@ def test_metal_warm_page_cache_is_the_previous_run_of_the_same_command():
 
 
 def metal_timeline(tokens: int = 3):
-    """The links of a short 8 GB run on the M5 Pro: per token, the main thread's 43 graph encodes and the GPU's
+    """The links of a short 8 GB run on the M5 Pro: per token, the main thread's 43 graph encodes, the GPU's
     kernels, each with the layer it belongs to (the kernels run in the order encoded: a layer's attention, shared
-    and routed experts, then the next layer's attention)."""
+    and routed experts, then the next layer's attention), and the load worker's round trips."""
     from sim.engine.timeline import link_frame
 
     data = {"hardware": "m5-pro-64gb", "model": "deepseek-v4-flash-q2",
@@ -362,7 +362,7 @@ def metal_timeline(tokens: int = 3):
     encodes = links[links.kind == "graph encode"].reset_index(drop=True)
     gpu = links[links.link == "GPU compute stream"].copy()
     gpu["layer"] = (gpu.kind == "attention + router").cumsum() - 1  # 0 .. 43 x tokens - 1
-    return run, encodes, gpu
+    return run, encodes, gpu, links[links.kind == "selected-id round trip"]
 
 
 def test_metal_routed_experts_wait_for_the_next_layers_commit():
@@ -370,7 +370,7 @@ def test_metal_routed_experts_wait_for_the_next_layers_commit():
     # expert, and encodes the routed experts only after the join and the preads, so they go to the GPU in the
     # command buffer the next layer's router signal closes. The hash layers (0-2) commit nothing: their kernels
     # wait for layer 3's router
-    _, encodes, gpu = metal_timeline()
+    _, encodes, gpu, _ = metal_timeline()
     assert len(encodes) == 3 * 43
     routed = gpu[gpu.kind.isin(["routed experts", "routed experts (misses)"])]
     for _, kernel in routed.iterrows():
@@ -379,6 +379,17 @@ def test_metal_routed_experts_wait_for_the_next_layers_commit():
     for token in range(3):
         first = gpu[gpu.layer == 43 * token].start_s.min()
         assert first >= encodes.end_s[43 * token + 3] - 1e-12
+
+
+def test_metal_pays_one_host_round_trip_per_router_readback():
+    # layers 3-42 read their router's ids back through the shared event; the hash layers' ids are the token's,
+    # looked up on the host (metal_graph_decode_set_hash_selected_override, ds4.c L23221): 40 round trips a token,
+    # each record ds4-metal-round-trip-437's 259.5 us, the run told the figure was fitted on another box
+    run, _, _, trips = metal_timeline()
+    assert len(trips) == 3 * 40
+    assert (trips.end_s - trips.start_s).to_numpy() == pytest.approx(259.5e-6)
+    assert any("record ds4-metal-round-trip-437" in note and "fitted on m4-max-128gb" in note
+               for note in run.summary["out_of_domain"])
 
 
 @pytest.mark.parametrize("change, message", [

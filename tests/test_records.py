@@ -129,3 +129,22 @@ def test_a_domain_value_stands_in_for_the_record():
     assert sampled.use("strata-decode-layer-latency").value == 400.0
     assert plain.use("strata-short-read").value == sampled.use("strata-short-read").value == 16.0  # not sampled
     assert sampled.out_of_domain() == plain.out_of_domain()  # the note names the record's own figure
+
+
+def test_metal_round_trip_is_437s_streaming_cost_over_its_resident_token():
+    # antirez/ds4#437 (M4 Max 128 GiB, q2 Flash, cafc134; tkhr-sait/ds4 ssd-streaming-memo §2a, §6b): resident
+    # 22.80 tok/s, streaming with every expert cached (b80) 19.37 and with 88 % of them (b64) 20.27. In the model's
+    # terms the resident token is the 10.2 ms encode (record ds4-graph-encode-773) and the GPU's work in turn; a
+    # streaming layer picked by its router adds the round trip and hides its shared expert behind the host. The
+    # shared expert's share of a token's bytes, by hand: Q8_0 gate, up and down of 4,096 x 2,048 at 34 B per 32
+    # weights, in each of 43 layers, against the 8.20 GiB of non-routed weights less the F16 embedding (129,280 x
+    # 4,096 x 2 B) plus 6 routed experts of 7,077,888 B a layer
+    shared = 3 * 4096 * 2048 * 34 // 32
+    token_bytes = 8.20 * 2**30 - 129_280 * 4096 * 2 + 43 * 6 * 7_077_888
+    resident_ms = 1000 / 22.80
+    shared_ms = shared / token_bytes * (resident_ms - 10.2)  # one layer's, of the GPU's share of the token
+    trips_us = [((1000 / rate - resident_ms) / 40 + shared_ms) * 1000 for rate in (20.27, 19.37)]
+    r = next(r for r in RECORDS if r.id == "ds4-metal-round-trip-437")
+    assert r.case is None and r.engine == "ds4" and r.unit == "us"
+    assert r.spread == pytest.approx(trips_us, abs=0.1)
+    assert r.value == pytest.approx(sum(trips_us) / 2, abs=0.1)

@@ -35,7 +35,8 @@ the Metal backend (a Metal profile, variant main-0814: ds4_metal.m and ds4.c rea
   9 threads, a hit is read in place; the non-routed weights are the mapped file's pages, faulted from the drive
   when the page cache lacks them; a warm page cache is what the same command's previous run left. The split
   hits-first path runs once the cache is warm. The GPU runs what the host has committed: a layer's routed experts
-  wait for the next layer's encode; the hash layers (0-2) get their ids on the host. Not modelled there: its batch
+  wait for the next layer's encode, and every layer whose router picks its experts costs a host round trip
+  (record ds4-metal-round-trip-437); the hash layers (0-2) get their ids on the host. Not modelled there: its batch
   prefill (prompts over 18 tokens, 64 for Q4_K/MXFP4 files) and mixed-quant files.
 Every layer step is one row of steps.parquet; the copies of a step are rows of copy_plan.parquet.
 """
@@ -576,6 +577,9 @@ class Ds4:
         self.weight_keys = self.m.page_cache.add_extents(self.weight_bytes)
         self.weight_fault_bytes = 0
         self.cache_peak_bytes = 0
+        # the host round trip after each router signal, fitted on another box (record ds4-metal-round-trip-437)
+        trip = self.domain.use("ds4-metal-round-trip-437", "ds4's Metal host round trip per router readback")
+        self.round_trip_s = trip.value * 1e-6
         self.gpu_unsent: list[tuple[float, str]] = []  # kernels encoded into the open command buffer, not committed
         if scenario.workload.page_cache == "warm":
             self._metal_previous_run()
@@ -652,14 +656,15 @@ class Ds4:
         committed, and the main thread commits at the router signal (the early commit) and after the shared expert,
         so a layer's routed experts go in the command buffer that the next layer's router signal closes: they wait
         for the host to encode that layer's attention. A layer whose router picks its experts signals the ids;
-        the async load worker waits for the event, reads the ids back, looks them up, picks the victims and starts
-        the pread pool (begin_selected_load); meanwhile the GPU runs the shared expert; the main thread joins the
-        worker, commits the hits' experts first once the split is ready and worthwhile (sim.cache.hotness), then
-        waits for the preads before it encodes the rest (the routed encode finishes the pending load, ds4_metal.m
-        L14399). The hash layers (0-2) take their ids from the token on the host: the main thread starts their
-        loads itself and commits nothing (metal_graph_decode_set_hash_selected_override, ds4.c L23221: no
-        selected-id overlap for a layer with a token table), so their kernels wait for the first router signal.
-        Hits are read in place from their slots, no copy."""
+        the async load worker wakes on the event (a host round trip, record ds4-metal-round-trip-437, that also
+        holds the main thread's wake and the GPU's start on the next commit), reads the ids back, looks them up,
+        picks the victims and starts the pread pool (begin_selected_load); meanwhile the GPU runs the shared expert;
+        the main thread joins the worker, commits the hits' experts first once the split is ready and worthwhile
+        (sim.cache.hotness), then waits for the preads before it encodes the rest (the routed encode finishes the
+        pending load, ds4_metal.m L14399). The hash layers (0-2) take their ids from the token on the host: the
+        main thread starts their loads itself and commits nothing (metal_graph_decode_set_hash_selected_override,
+        ds4.c L23221: no selected-id overlap for a layer with a token table), so their kernels wait for the first
+        router signal. Hits are read in place from their slots, no copy."""
         m = self.m
         other_s, shared_s, routed_s = self.decode_s[layer]
         if layer == 0:
@@ -676,7 +681,7 @@ class Ds4:
             signalled = m.gpu.idle_at()
             self.gpu_unsent.append((shared_s, "shared expert"))
             self._metal_commit(encoded)  # flushed before the join
-            yield self.worker.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback",
+            yield self.worker.hold(self.round_trip_s, SELECTED_IDS_BYTES, 1, "selected-id round trip",
                                    ready_s=signalled)
         split_ready = self.mcache.split_ready()
         lookup = self.mcache.access(layer, experts)

@@ -1023,9 +1023,11 @@ def resident_set(layout, family: str, profile, ctx_tokens: int, prefill_cap_toke
 
 def records_read(scenario) -> tuple[str, ...]:
     """The calibration records (sim/engine/records.py) a run of the scenario reads: its family's resident-set
-    record(s) (resident_set) and the graph encode per decode token."""
+    record(s) (resident_set), the graph encode per decode token and, on the Metal backend, its host round trip
+    per router readback."""
     by_family = {"deepseek-v4.1": ("ds4-v41-graph-8k", "ds4-v41-graph-400k"), "deepseek-v4": ("ds4-flash-buffers-503",)}
-    return (*by_family.get(model_family(scenario), ("ds4-glm52-buffers-neutronstar",)), "ds4-graph-encode-773")
+    metal = ("ds4-metal-round-trip-437",) if scenario.hardware_profile.gpu.api == "metal" else ()
+    return (*by_family.get(model_family(scenario), ("ds4-glm52-buffers-neutronstar",)), "ds4-graph-encode-773", *metal)
 
 
 V41_GRAPH_CONTEXTS = (8192, 400_000)  # the contexts of records ds4-v41-graph-8k and -400k

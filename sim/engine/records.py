@@ -91,6 +91,22 @@ RECORDS: tuple[Record, ...] = (
     # Flash): serial with the kernels. CPU work: its figure on another CPU is not known.
     Record("ds4-graph-encode-773", "graph_encode_ms_per_token", 10.2, "ms", "ds4", "deepseek-v4-flash",
            "dgx-spark-gb10", None, "D11", "the midpoint of encode = 9.8-10.6 ms per token (#773's token profile)"),
+    # ds4's Metal streaming decode, per layer whose router picks its experts (the hash layers take theirs from the
+    # token on the host): the GPU signals the ids, the load worker wakes on the event, looks them up and starts the
+    # loads, the main thread wakes from its join, encodes and commits the next command buffer, which the GPU then
+    # starts; a host round trip the resident path (the token's work in two command buffers, one wait) does not
+    # make. antirez/ds4#437 ran one agentic session on an M4 Max 128 GiB with q2 Flash at cafc134 (the decode path
+    # of @84cc882: the selected-id event, the async load worker, the early commit, the 9-thread pread pool)
+    # resident ("full", 22.80 tok/s) and streaming, the file in the page cache, with caches holding every expert
+    # (b80: 12,136 slots for 11,008 experts, 19.37 tok/s) or 88 % of them (b64: 9,709 slots, 20.27 tok/s): 7.77 and
+    # 5.47 ms a token more. In the model's terms the resident token is the encode (record ds4-graph-encode-773,
+    # 10.2 ms) and the GPU's work in turn, 782.8 us a layer on that box, and a streaming layer hides its shared
+    # expert (12.01 % of a layer's bytes: 94.0 us) behind the host: the round trip is the difference / 40 + 94.0 us.
+    Record("ds4-metal-round-trip-437", "metal_selected_round_trip_us", 259.5, "us", "ds4", "deepseek-v4-flash",
+           "m4-max-128gb (#437)", None, None,
+           "the mean of 288.2 us (b80: (1000/19.37 - 1000/22.80) ms / 40 + 94.0 us) and 230.9 us (b64: 1000/20.27); "
+           "antirez/ds4#437, tkhr-sait/ds4 ssd-streaming-memo/README.md §2a and §6b (measured 2026-06-17)",
+           (230.9, 288.2), "the two runs it is the mean of: b64 (88 % of the experts cached) and b80 (all of them)"),
     # Strata's own runtime buffers in VRAM before the cache is sized (the CUDA/HIP runtime's module images, cuBLAS
     # and cuBLASLt handles and workspaces, small session-adjacent buffers): what Strata's loading logs leave when
     # the card's total, its free VRAM at sizing and every other term are known (strata_plan.vram_before_cache:
