@@ -441,9 +441,9 @@ class Ds4:
         m = self.m
         n_bytes = int(self.expert_bytes[layer]) * len(experts)
         if self.buffered:
-            keys, n_miss, drive = self._page_cache_lookup(layer, experts)
+            keys, in_ram, drive = self._page_cache_lookup(layer, experts)
             if drive:
-                yield m.ssd.read(drive, PARTS_PER_EXPERT * n_miss, depth)
+                yield m.ssd.read(drive, PARTS_PER_EXPERT * int((~in_ram).sum()), depth)
             yield from m.memcpy(thread, n_bytes, 1, "pread copy")
             if not self.keep_pages:  # posix_fadvise / madvise DONTNEED after the copy
                 m.page_cache.drop(keys)
@@ -490,15 +490,15 @@ class Ds4:
             m.page_cache.drop(keys)
         return drive
 
-    def _page_cache_lookup(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """These experts' file extents looked up (and inserted) in the page cache: their keys, how many missed,
-        and the bytes the misses read from the drive; the hits and misses counted."""
+    def _page_cache_lookup(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """These experts' file extents looked up (and inserted) in the page cache: their keys, which were
+        resident, and the bytes the others read from the drive; the hits and misses counted."""
         keys = layer * self.n_experts + experts.astype(np.int64)
         in_ram = self.m.page_cache.access(keys, insert=True)
         n_miss = int((~in_ram).sum())
         self.page_cache_reads["hits"] += len(keys) - n_miss
         self.page_cache_reads["misses"] += n_miss
-        return keys, n_miss, n_miss * int(self.expert_bytes[layer])
+        return keys, in_ram, n_miss * int(self.expert_bytes[layer])
 
     def _stream_whole_layer(self, thread, layer: int):
         """Every expert of the layer through the weight cache's staged copy (cuda_model_range_ptr_from_fd,
@@ -627,11 +627,7 @@ class Ds4:
         if not len(experts):
             return 0
         m, env = self.m, self.m.env
-        keys = layer * self.n_experts + experts.astype(np.int64)
-        in_ram = m.page_cache.access(keys, insert=True)
-        n_miss = int((~in_ram).sum())
-        self.page_cache_reads["hits"] += len(keys) - n_miss
-        self.page_cache_reads["misses"] += n_miss
+        _, in_ram, drive = self._page_cache_lookup(layer, experts)
         tasks = iter([(int(part), bool(cached)) for cached in in_ram for part in self.part_bytes[layer]])
 
         def worker(thread):
@@ -642,7 +638,7 @@ class Ds4:
 
         n_workers = min(self.pool_workers, PARTS_PER_EXPERT * len(experts))
         yield env.all_of([env.process(worker(thread)) for thread in self.pool[:n_workers]])
-        return n_miss * int(self.expert_bytes[layer])
+        return drive
 
     def _metal_commit(self, ready_s: float) -> None:
         """[cb commit] of the open command buffer (ds4_gpu_flush_commands, ds4_metal.m L8221): the GPU gets the
