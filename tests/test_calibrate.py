@@ -310,6 +310,47 @@ def test_replay_in_simulator_verifies_bytes_and_reports_errors(tmp_path):
     assert set(per.loc[per["way"] == "gather", "calls"]) == {3}
 
 
+def _record_calls(monkeypatch) -> list:
+    """Log Backend.settle and the timed runs, in order (the run methods keep working)."""
+    calls = []
+    for name in ("settle", "run_gather", "run_ce"):
+        original = getattr(Backend, name)
+
+        def logged(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(Backend, name, logged)
+    return calls
+
+
+def _timed_runs_after_settle(calls: list) -> int:
+    """How many runs follow a settle directly; fails if a settle is followed by anything but one run."""
+    follows = [calls[i + 1] for i, c in enumerate(calls) if c == "settle"]
+    assert all(c in ("run_gather", "run_ce") for c in follows), calls
+    return len(follows)
+
+
+def test_every_timed_replay_step_runs_right_after_a_settle(tmp_path, monkeypatch):
+    results = tmp_path / "run"
+    results.mkdir()
+    ds4_like_plan(steps=4).to_parquet(results / "copy_plan.parquet", index=False)
+    (results / "summary.json").write_text(json.dumps({"engine": "ds4", "variant": "pr504"}))
+    calls = _record_calls(monkeypatch)
+    report = replay(results, fileformat.load(H200), verify_every=2, min_cache_bytes=SMALL_CACHE)
+    assert _timed_runs_after_settle(calls) == len(report["per_step"]["step_id"]) == 8
+
+
+def test_every_timed_grid_sample_runs_right_after_a_settle(monkeypatch):
+    from sim.calibrate import sweep
+
+    grid = sweep.Grid(sizes_bytes=(4096,), experts=(1, 4), repeats=1, tune=False)
+    layout = sweep.Layout.for_grid(grid)
+    backend = Backend(dev_words=layout.dev_words, host_words=layout.host_words)
+    calls = _record_calls(monkeypatch)
+    samples = sweep.sweep(backend, layout, np.random.default_rng(0), grid, log=lambda m: None)
+    assert _timed_runs_after_settle(calls) == len(samples) > 0
+
+
 @pytest.mark.parametrize("mutate, needle", [
     (lambda f: f.drop(columns=["bytes_each"]), "columns"),
     (lambda f: f.assign(kind="P2P"), "kind = P2P"),

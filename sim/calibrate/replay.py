@@ -17,7 +17,8 @@ those on other links).
 
 Each step runs two ways: the engines' way (one cudaMemcpyAsync and one stream sync per copy, in plan order)
 and the gather kernel (launches grouped by path and by dependency level, one sync at the end). Host time
-per step is compared with the calibration's prediction for that step. Some steps (the first two, then every
+per step, timed right after Backend.settle() as the grid's samples are, is compared with the calibration's
+prediction for that step. Some steps (the first two, then every
 `verify_every`-th) are verified: destinations poisoned, every byte compared with a host-side reference.
 """
 
@@ -318,6 +319,7 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
             idx = k - len(warm)
             if idx < 2 or (verify_every and idx % verify_every == 0):
                 verified += verify(backend, descs, run)
+            backend.settle()
             timing = run()
             records.append({"way": way, "step_id": int(sid), "copies": int(sum(len(d) for _, d, _, _ in descs)),
                             "calls": int(n_calls), "bytes": int(sum(int(d[:, 2].sum()) for _, d, _, _ in descs) * WORD),

@@ -12,7 +12,9 @@ One run, in this order:
    and a stream sync per expert, as ds4 does; ce_batch: the same calls, one sync; gather: one kernel launch,
    or three for the same descriptors). Each configuration is repeated with fresh random slots (so sources
    are not L2-resident), all repeats shuffled; the first repeat of each is checked byte for byte at its
-   first and last copy. Host time per step is what the simulator models (its engines are serial chains);
+   first and last copy. Each sample is timed right after Backend.settle() (the host as an engine issues a
+   step: just after a GPU call and its sync). Host time per step is what the simulator models (its engines
+   are serial chains);
 5. the fit (sim.calibrate.fit) and the speed rows.
 
 Memory: a device arena (slab of random slots + compact staging) and a mapped pinned host arena, sized from
@@ -323,6 +325,7 @@ def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFram
         step = prepare(backend, path, way, desc, launches)
         if rep == 0:
             spot_check(backend, path, desc, lambda: execute(backend, way, step))
+        backend.settle()
         timing = execute(backend, way, step)
         rows.append((path, way, int(size), int(n), int(launches), int(rep), timing.wall_us, timing.enqueue_us))
         if k and k % 500 == 0:

@@ -304,11 +304,11 @@ def replay_spread_table() -> str:
     import json
 
     record = json.loads((ROOT / "scenarios" / "hardware" / "calibration" / "h200-replay-spread.json").read_text())
-    rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], f"{100 * r['median_error']:.1f} %",
-             f"{100 * r['p95_error']:.1f} %", f"{r['measured_s']:.2f} s", f"{r['predicted_s']:.2f} s"]
-            for r in record["rows"]]
-    return table(["machine", "calibration", "seed", "steps", "way", "median error", "p95 error", "measured",
-                  "predicted"], rows, "lllrlrrrr")
+    rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], r["timing"],
+             f"{100 * r['median_error']:.1f} %", f"{100 * r['p95_error']:.1f} %", f"{r['measured_s']:.2f} s",
+             f"{r['predicted_s']:.2f} s"] for r in record["rows"]]
+    return table(["machine", "calibration", "seed", "steps", "way", "timing", "median error", "p95 error", "measured",
+                  "predicted"], rows, "lllrllrrrr")
 
 
 def ds4_reserve_table() -> str:
