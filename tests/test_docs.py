@@ -23,7 +23,10 @@ UPDATE = os.environ.get("EXPERTSIM_UPDATE_GOLDEN") == "1"
 STALE = "\nRegenerate with: python docs/tools/make_docs.py"
 
 
-@pytest.mark.parametrize("name", sorted(exhibits.EXHIBITS))
+# the validation-cases exhibit is one whole `validate` run, shared (validate_all caches it per process) with
+# tests/test_validate.py's regression check: one xdist group puts both in one worker, so it runs once
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group("validate-all"))
+                                  if n == "validation-cases" else n for n in sorted(exhibits.EXHIBITS)])
 def test_exhibit_is_current(name):
     problems = make_docs.exhibit_problems(name, UPDATE)
     assert not problems, "\n".join(problems) + STALE

@@ -131,6 +131,7 @@ def test_every_case_of_the_reference_list_is_a_file():
     assert listed <= {p.stem for p in CASES_DIR.glob("*.toml")}
 
 
+@pytest.mark.xdist_group("validate-all")  # in the worker of test_docs.py's validation-cases exhibit: one run
 def test_no_case_regresses_from_within_to_outside_its_tolerance():
     # the last recorded run is the docs exhibit (python docs/tools/make_docs.py); CI fails on a regression, and
     # tests/test_docs.py on any other change of the table
