@@ -544,6 +544,8 @@ def bench(
     tokens: int = typer.Option(100_000, help="decode tokens of the benchmark trace"),
     quick: bool = typer.Option(False, "--quick", help="the cache core and the seed scenarios only (under a minute)"),
     sweeps: bool = typer.Option(False, "--sweeps", help="also the 1,000-point sweep and the worker speed-up (minutes)"),
+    scenario: Optional[list[Path]] = typer.Option(None, "--scenario", metavar="FILE",
+                                                  help="time this scenario file instead of the seeds (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
 ):
     """Speed and memory of the cache core against the targets (rows: name, value, unit, target)."""
@@ -552,7 +554,7 @@ def bench(
     def show(group: str, number: int, of: int) -> None:  # on stderr: stdout stays the table or the JSON
         typer.echo(f"bench [{number}/{of}]: {group} ...", err=True)
 
-    rows = run_bench(tokens, sweeps=sweeps, quick=quick, progress=show)
+    rows = run_bench(tokens, sweeps=sweeps, quick=quick, progress=show, scenarios=scenario or None)
     if as_json:
         _print_json(rows)
         return

@@ -69,6 +69,7 @@ def test_trace_stats_json(small_trace):
     (["trace", "gen", "--preset", "gpt-7", "--prompt-tokens", "8", "--decode-tokens", "8", "-o", "x.parquet"],
      "gpt-7"),
     (["trace", "import", "no-such.jsonl", "-o", "x.parquet"], "no-such.jsonl"),
+    (["bench", "--quick", "--scenario", "no-such.toml"], "no-such.toml"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     proc = expertsim(*args, check=False)
@@ -445,8 +446,12 @@ def test_model_show_gives_the_size_classes_of_the_mixed_quant_flash():
 
 
 def test_bench_quick_shows_progress_and_leaves_the_long_rows_out():
-    proc = expertsim("bench", "--quick", "--tokens", "2000", "--json")
-    names = [row["name"] for row in _strict_loads(proc.stdout)]
-    assert "lru_replay_layer" in names and any(n.startswith("run_") for n in names)
-    assert not any(n.startswith(("sweep_", "routing_256k", "run_strata_256k")) for n in names)
+    # one scenario given, so only it is timed (the seeds' rows are the same loop, without a file list)
+    proc = expertsim("bench", "--quick", "--tokens", "2000", "--scenario", SCENARIO_DIR / "ds4-504-per-class.toml",
+                     "--json")
+    rows = {row["name"]: row for row in _strict_loads(proc.stdout)}
+    assert "lru_replay_layer" in rows
+    assert [n for n in rows if n.startswith("run_")] == ["run_ds4-504-per-class", "run_ds4-504-per-class_accesses"]
+    assert rows["run_ds4-504-per-class"]["value"] > 0 and rows["run_ds4-504-per-class"]["target"] is None
+    assert not any(n.startswith(("sweep_", "routing_256k", "run_strata_256k")) for n in rows)
     assert [line.split(":")[0] for line in proc.stderr.strip().splitlines()] == ["bench [1/2]", "bench [2/2]"]

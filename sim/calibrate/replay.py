@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from sim.calibrate import cudaenv, fit
-from sim.calibrate.kernel import POISON, WORD, Backend, Variant
+from sim.calibrate.kernel import POISON, SIM_VARIANT, WORD, Backend, Variant
 from sim.errors import InputError
 from sim.units import GIB, MIB
 
@@ -283,6 +283,10 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
         step_ids = step_ids[np.unique(np.linspace(0, len(step_ids) - 1, max_steps).round().astype(int))]
     kernel = calibration.get("kernel") or {}
     variants = {p: Variant(**v) for p, v in (kernel.get("variants") or {}).items()}
+    if cuda_sim:  # the simulator runs each CUDA thread as a Python thread and times nothing: the calibration's
+        # kernels (its unroll) on the simulator's small blocks copy the same bytes, minutes sooner
+        variants = {p: replace(v, threads=SIM_VARIANT.threads, blocks_per_sm=SIM_VARIANT.blocks_per_sm)
+                    for p, v in variants.items()}
     backend = Backend(dev_words=max(placement.words["dev"], 1024), host_words=max(placement.words["host"], 1024),
                       variants=variants, launch_mode=kernel.get("launch_mode") or "raw",
                       desc_in=kernel.get("desc_in") or "device")
