@@ -1,5 +1,5 @@
 """The per-process routing memo: a hit returns the same (read-only) routing, and runs give the same results
-with and without it. Also the sweep benchmark's function on a tiny grid."""
+with and without it. Also the sweep benchmark's function on a tiny grid, and the scenario rows' targets."""
 
 import json
 from pathlib import Path
@@ -90,3 +90,15 @@ def test_sweep_bench_rows_on_a_tiny_grid():
     assert rows["sweep_2_points"]["target"] == "< 300" and rows["sweep_2_points"]["value"] > 0
     assert rows["sweep_speedup_1_to_2_workers"]["target"] == ">= 1.7"
     assert all(set(r) == {"name", "value", "unit", "target", "met"} for r in rows.values())
+
+
+def test_bench_times_every_seed_against_its_targets_and_a_user_file_against_none():
+    from sim.explore.bench import SEED_SCENARIOS, _load_scenarios, _scenario_rows, seed_scenario_paths
+
+    seeds = seed_scenario_paths()
+    assert [p.stem for p in seeds] == list(SEED_SCENARIOS)  # a checkout holds every seed
+    one = _load_scenarios([PER_CLASS])
+    seed_rows, user_rows = _scenario_rows(one, targets=True), _scenario_rows(one, targets=False)
+    assert [(r["name"], r["target"], type(r["met"])) for r in seed_rows] == [
+        ("run_ds4-504-per-class", "< 1", bool), ("run_ds4-504-per-class_accesses", ">= 1", bool)]
+    assert [(r["target"], r["met"]) for r in user_rows] == [(None, None), (None, None)]

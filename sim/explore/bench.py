@@ -66,6 +66,7 @@ SEED_SCENARIOS = ("ds4-504-slab", "ds4-504-per-class", "strata-658-borrow", "str
 
 
 def seed_scenario_paths() -> list[Path]:
+    # the scenarios/ folder is the repository's: an installed wheel has none, and times no seed
     folder = Path(__file__).resolve().parents[2] / "scenarios"
     return [p for p in (folder / f"{name}.toml" for name in SEED_SCENARIOS) if p.is_file()]
 
@@ -94,13 +95,9 @@ def _scenario_rows(scenarios: list, targets: bool) -> list[dict]:
         # accesses simulated: every routed (token, layer, k) selection the engine model processed
         lookups = int(result["r"].steps["tokens"].sum()) * scenario.layout.top_k
         rate = lookups / seconds
-        if targets:
-            rows.append(_row(f"run_{name}", round(seconds, 3), "s wall", "< 1", seconds < 1))
-            rows.append(_row(f"run_{name}_accesses", round(rate / 1e6, 2), "M simulated expert accesses/s", ">= 1",
-                             rate >= 1e6))
-        else:
-            rows.append(_row(f"run_{name}", round(seconds, 3), "s wall"))
-            rows.append(_row(f"run_{name}_accesses", round(rate / 1e6, 2), "M simulated expert accesses/s"))
+        wall_target, rate_target = (("< 1", seconds < 1), (">= 1", rate >= 1e6)) if targets else ((), ())
+        rows.append(_row(f"run_{name}", round(seconds, 3), "s wall", *wall_target))
+        rows.append(_row(f"run_{name}_accesses", round(rate / 1e6, 2), "M simulated expert accesses/s", *rate_target))
     return rows
 
 
@@ -277,10 +274,9 @@ def run_bench(decode_tokens: int = 100_000, sweeps: bool = False, quick: bool = 
               progress: Callable[[str, int, int], None] | None = None,
               scenarios: Sequence[Path] | None = None) -> list[dict]:
     """The benchmark's rows, group by group: the cache core and the seed scenarios (or the `scenarios` files
-    given) always; the long prompts
-    unless `quick` (a 256K-token Strata prompt and its routing take ~10 s, a million-token prompt per engine
-    ~70 s); the 1,000-point sweep and the
-    speed-up rows (minutes) only with `sweeps`. `progress(group, number, of)` is called before each group."""
+    given) always; the long prompts unless `quick` (a 256K-token Strata prompt and its routing take ~10 s, a
+    million-token prompt per engine ~70 s); the 1,000-point sweep and the speed-up rows (minutes) only with
+    `sweeps`. `progress(group, number, of)` is called before each group."""
     timed = _load_scenarios(seed_scenario_paths() if scenarios is None else scenarios)  # bad files fail first
     groups: list[tuple[str, Callable[[], list[dict]]]] = [
         ("cache core: trace, LRU replays, miss-ratio curves, libCacheSim", lambda: _core_rows(decode_tokens)),
