@@ -86,6 +86,29 @@ def test_processes_and_inline_give_the_same_rows():
         assert {k: v for k, v in row.items() if k != "wall_s"} == {k: v for k, v in spawned[pid].items() if k != "wall_s"}
 
 
+def test_shared_routing_groups_the_points_that_route_alike_and_gives_the_same_rows():
+    from sim.explore.runner import SHARED_TASKS_PER_WORKER, plan_tasks
+
+    # chunk sizes on one routing, interleaved with as many on another (another prompt size)
+    chunks = [256 * (i + 1) for i in range(SHARED_TASKS_PER_WORKER)]
+    alike = [_point({**SHORT, CHUNK: c}) for c in chunks]
+    other = [_point({**SHORT, "workload.requests.0.prompt_tokens": 700, CHUNK: c}) for c in chunks]
+    points = [p for pair in zip(alike, other) for p in pair]
+    # one worker: a group holds at most 1/8 of the 16 points, so each routing's 8 points come as 4 tasks of 2
+    tasks = plan_tasks(points, share_routing=True, workers=1)
+    ids = lambda group: [p.point_id for p in group]  # noqa: E731
+    assert [ids(t.points) for t in tasks] == [ids(alike[i: i + 2]) for i in range(0, 8, 2)] + \
+        [ids(other[i: i + 2]) for i in range(0, 8, 2)]
+    assert {t.method for t in tasks} == {"shared"}
+    # two workers: groups of one, so each worker gets several tasks
+    assert [len(t.points) for t in plan_tasks(points, share_routing=True, workers=2)] == [1] * 16
+    one_each = {p.point_id: row for p, row in run_points(points, executor="inline")}
+    shared = {p.point_id: row for p, row in run_points(points, executor="inline", share_routing=True)}
+    assert one_each.keys() == shared.keys()
+    for pid, row in one_each.items():
+        assert {k: v for k, v in row.items() if k != "wall_s"} == {k: v for k, v in shared[pid].items() if k != "wall_s"}
+
+
 class _Workers:
     """Stands in for a Dask client: `run` answers for each worker what it was told that worker sees."""
 

@@ -40,6 +40,9 @@ REPLAY_METRICS = ("hit_rate", "misses", "load_bytes")
 COUNTS = ("cache_slots", "planned_cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")
 SLOTS_KEY = "engine.flags.slots"  # the replay's slot count: the dimension the one-pass path computes
 EXECUTORS = ("inline", "processes", "dask")
+# share_routing's smallest number of tasks per worker: a batch of points that all route alike still comes in
+# this many pieces a worker, so the workers finish near together (a scheduling choice, no model input)
+SHARED_TASKS_PER_WORKER = 8
 
 
 def load_scenario_data(path: str | Path, data: dict):
@@ -219,10 +222,16 @@ def mrc_exact(point: Point) -> bool:
 # ---------------------------------------------------------------------------------------------- running
 
 
+def evaluate_shared(points: list[Point]) -> list[dict]:
+    """Points that route alike (one `routing_key`), one after another in one worker: the first builds the
+    routing, the others take it from the worker's memo (sim.engine.workload). Each row is `evaluate`'s."""
+    return [evaluate(p) for p in points]
+
+
 @dataclass(frozen=True)
 class Task:
-    """What one call in a worker computes: a point through its engine ("run"), or a group of points from one
-    miss-ratio curve ("mrc")."""
+    """What one call in a worker computes: a point through its engine ("run"), points that share one routing
+    through their engines in turn ("shared"), or a group of points from one miss-ratio curve ("mrc")."""
 
     points: tuple[Point, ...]
     method: str
@@ -231,25 +240,47 @@ class Task:
         """The worker function and its arguments."""
         if self.method == "mrc":
             return evaluate_mrc, (list(self.points),)
+        if self.method == "shared":
+            return evaluate_shared, (list(self.points),)
         return evaluate, (self.points[0],)
 
     def rows(self, result) -> list[dict]:
         """The worker's result as one row per point, in the order of `points`."""
-        return result if self.method == "mrc" else [result]
+        return [result] if self.method == "run" else result
 
 
-def plan_tasks(points: list[Point], mrc: bool = True) -> list[Task]:
+def _routing_key_of(point: Point) -> tuple:
+    from sim.engine.workload import routing_key
+
+    return routing_key(load_scenario_data(point.scenario_path, point.data))  # it loaded when the point was made
+
+
+def plan_tasks(points: list[Point], mrc: bool = True, share_routing: bool = False, workers: int = 1) -> list[Task]:
     """A task per point, except (with `mrc`) the points the one-pass curve gives exactly: those are grouped by all
-    their other overrides, a task (one curve) per group. Groups come first: they finish fast."""
+    their other overrides, a task (one curve) per group. Groups come first: they finish fast.
+
+    With `share_routing` (a batch that waits for all its rows, such as validate's arms or their uncertainty
+    samples), the other points are grouped by routing, in the order they come, so that a long prompt's routing is
+    built once per group rather than once per worker that runs one of its points. A group holds at most
+    1 / (SHARED_TASKS_PER_WORKER x workers) of the points, so that a batch that routes alike throughout still keeps
+    every worker busy. A sweep keeps a task per point: its rows are saved, and shown, as each point finishes."""
     groups: dict[str, list[Point]] = {}
-    singles: list[Task] = []
+    singles: list[Point] = []
     for p in points:
         if mrc and mrc_exact(p):
             rest = {k: v for k, v in p.overrides.items() if k != SLOTS_KEY}
             groups.setdefault(json.dumps(rest, sort_keys=True), []).append(p)
         else:
-            singles.append(Task((p,), "run"))
-    return [*(Task(tuple(group), "mrc") for group in groups.values()), *singles]
+            singles.append(p)
+    curves = [Task(tuple(group), "mrc") for group in groups.values()]
+    if not share_routing:
+        return [*curves, *(Task((p,), "run") for p in singles)]
+    alike: dict[tuple, list[Point]] = {}
+    for p in singles:
+        alike.setdefault(_routing_key_of(p), []).append(p)
+    most = max(1, -(-len(singles) // (SHARED_TASKS_PER_WORKER * workers)))
+    return [*curves, *(Task(tuple(members[i: i + most]), "shared")
+                       for members in alike.values() for i in range(0, len(members), most))]
 
 
 def _inline(tasks: list[Task]):
@@ -370,7 +401,7 @@ def _dask(tasks: list[Task], workers: int, scheduler: str | None):
             futures = {}
             for task in tasks:
                 fn, args = task.call()
-                key = f"expertsim-{'point' if task.method == 'run' else 'mrc'}-{task.points[0].point_id}"
+                key = f"expertsim-{'point' if task.method == 'run' else task.method}-{task.points[0].point_id}"
                 futures[client.submit(fn, *args, key=key, pure=False)] = task
             for future in as_completed(futures):
                 try:
@@ -386,9 +417,10 @@ def _dask(tasks: list[Task], workers: int, scheduler: str | None):
 
 
 def run_points(points: list[Point], executor: str = "processes", workers: int | None = None,
-               scheduler: str | None = None, mrc: bool = True) -> Iterator[tuple[Point, dict]]:
+               scheduler: str | None = None, mrc: bool = True,
+               share_routing: bool = False) -> Iterator[tuple[Point, dict]]:
     """Evaluate the points, yielding (point, row) as each finishes (in task order with "inline"). Points that do
-    not load yield their error row without running."""
+    not load yield their error row without running. `share_routing`: see `plan_tasks`."""
     import os
 
     if executor not in EXECUTORS:
@@ -408,7 +440,7 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
         # scenario by absolute path, so its relative references (hardware, model, trace) resolve as they did
         # here, where the point was already loaded and checked; `_check_workers_load` checks they do there.
         runnable = [dataclasses.replace(p, scenario_path=str(Path(p.scenario_path).resolve())) for p in runnable]
-    tasks = plan_tasks(runnable, mrc)
+    tasks = plan_tasks(runnable, mrc, share_routing, workers or os.cpu_count() or 1)
     workers = workers or min(os.cpu_count() or 1, len(tasks))
     if executor == "inline":
         stream = _inline(tasks)
@@ -425,7 +457,7 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
 
 
 __all__ = [
-    "COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate", "evaluate_mrc",
+    "COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate", "evaluate_mrc", "evaluate_shared",
     "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
     "point_id", "run_points", "set_key", "split_key"
 ]

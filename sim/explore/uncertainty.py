@@ -221,7 +221,7 @@ def propagate(point, scenario, n: int, seed: int = 0, metrics: tuple[str, ...] |
     values = latin_hypercube(inputs, n, seed)
     samples = sample_points(point, inputs, values)
     extremes = swing_points(point, inputs) if swings else []
-    rows = {p.point_id: row for p, row in run_points(samples + extremes, executor, workers)}
+    rows = {p.point_id: row for p, row in run_points(samples + extremes, executor, workers, share_routing=True)}
     sampled = [rows[p.point_id] for p in samples]
     bands = {m: quantiles([r.get(m) for r in sampled]) for m in metrics}
     table = []

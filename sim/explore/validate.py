@@ -206,7 +206,7 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
     if points:
         # the same point can be an arm of two cases: run it once
         unique = list({p.point_id: p for p in points.values()}.values())
-        found = {p.point_id: row for p, row in run_points(unique, executor, workers)}
+        found = {p.point_id: row for p, row in run_points(unique, executor, workers, share_routing=True)}
         rows_by_arm = {key: found[p.point_id] for key, p in points.items()}
     sampled: dict[tuple[str, str], list[dict]] = {}
     if uncertainty and points:
@@ -249,7 +249,7 @@ def _sample_arms(points: dict, n: int, seed: int, executor: str, workers: int | 
             todo.append(sample)
             keys[sample.point_id] = (key, i)
     found: dict = {key: [None] * n for key in points}
-    for sample, row in run_points(todo, executor, workers):
+    for sample, row in run_points(todo, executor, workers, share_routing=True):
         key, i = keys[sample.point_id]
         found[key][i] = row
     return {key: [r for r in rows if r is not None] for key, rows in found.items()}
