@@ -69,6 +69,7 @@ class Point:
     # hardware-profile figures (dotted key -> value) and calibration records (record.<id> -> value) set for this
     # point: an uncertainty sample
     profile_values: dict | None = None
+    routing: tuple | None = None  # the loaded scenario's routing_key: points that route alike share it
 
 
 def split_key(key: str) -> list[str | int]:
@@ -122,6 +123,7 @@ def make_point(path: str | Path, base: dict, overrides: dict, base_hash: str) ->
 
 def load_point(path: str | Path, base: dict, overrides: dict, base_hash: str) -> tuple[Point, InputError | None]:
     """`make_point`, with the loader's error itself when the point does not load."""
+    from sim.engine.workload import routing_key
     from sim.scenario import scenario_hash
 
     path = str(path)
@@ -137,7 +139,8 @@ def load_point(path: str | Path, base: dict, overrides: dict, base_hash: str) ->
         loaded = load_scenario_data(path, data)
     except InputError as exc:
         return Point(path, dict(overrides), data, pid, base_hash, error=str(exc)), exc
-    return Point(path, dict(overrides), data, pid, base_hash, scenario_hash=scenario_hash(loaded)), None
+    return Point(path, dict(overrides), data, pid, base_hash, scenario_hash=scenario_hash(loaded),
+                 routing=routing_key(loaded)), None
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -249,12 +252,6 @@ class Task:
         return [result] if self.method == "run" else result
 
 
-def _routing_key_of(point: Point) -> tuple:
-    from sim.engine.workload import routing_key
-
-    return routing_key(load_scenario_data(point.scenario_path, point.data))  # it loaded when the point was made
-
-
 def plan_tasks(points: list[Point], mrc: bool = True, share_routing: bool = False, workers: int = 1) -> list[Task]:
     """A task per point, except (with `mrc`) the points the one-pass curve gives exactly: those are grouped by all
     their other overrides, a task (one curve) per group. Groups come first: they finish fast.
@@ -277,7 +274,7 @@ def plan_tasks(points: list[Point], mrc: bool = True, share_routing: bool = Fals
         return [*curves, *(Task((p,), "run") for p in singles)]
     alike: dict[tuple, list[Point]] = {}
     for p in singles:
-        alike.setdefault(_routing_key_of(p), []).append(p)
+        alike.setdefault(p.routing, []).append(p)
     most = max(1, -(-len(singles) // (SHARED_TASKS_PER_WORKER * workers)))
     return [*curves, *(Task(tuple(members[i: i + most]), "shared")
                        for members in alike.values() for i in range(0, len(members), most))]
@@ -457,7 +454,7 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
 
 
 __all__ = [
-    "COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate", "evaluate_mrc", "evaluate_shared",
-    "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
+    "COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate", "evaluate_mrc",
+    "evaluate_shared", "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
     "point_id", "run_points", "set_key", "split_key"
 ]
