@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from sim.engine.run import run_scenario, write_results
 from sim.machine import Memory, PageCache, Server, SharedBandwidth, Ssd
+from sim.machine.storage import INACTIVE_SHARE_BY_OS
 from sim.model.hardware import load_hardware
 from sim.scenario import load_scenario
 from sim.units import GIB, MIB
@@ -218,6 +219,75 @@ def test_page_cache_equals_an_ordered_dict_lru_of_bytes(sizes, capacity, accesse
         lru[k] = sizes[k]
     assert got == want
     assert cache.used_bytes == sum(lru.values())
+
+
+class TwoListOracle:
+    """An inactive and an active OrderedDict (oldest first), written from the rule in xnu's vm_pageout.c:
+    a second reference on the inactive list reactivates the page, eviction takes the inactive list's oldest,
+    and the active list's oldest are deactivated while the inactive list holds less than its share."""
+
+    def __init__(self, sizes: list[int], capacity: int, share: float):
+        self.sizes, self.capacity, self.share = sizes, capacity, share
+        self.inactive: OrderedDict[int, int] = OrderedDict()
+        self.active: OrderedDict[int, int] = OrderedDict()
+
+    def used(self) -> int:
+        return sum(self.inactive.values()) + sum(self.active.values())
+
+    def _balance(self) -> None:
+        while self.active and sum(self.inactive.values()) < self.share * self.used():
+            key, size = self.active.popitem(last=False)
+            self.inactive[key] = size
+
+    def access(self, key: int) -> bool:
+        if key in self.active:
+            self.active.move_to_end(key)
+            return True
+        if key in self.inactive:
+            self.active[key] = self.inactive.pop(key)
+            self._balance()
+            return True
+        if self.sizes[key] <= self.capacity:
+            while self.used() + self.sizes[key] > self.capacity:
+                (self.inactive or self.active).popitem(last=False)
+            self.inactive[key] = self.sizes[key]
+            self._balance()
+        return False
+
+    def shrink(self, capacity: int) -> None:
+        self.capacity = capacity
+        while self.used() > capacity:
+            (self.inactive or self.active).popitem(last=False)
+        self._balance()
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=12), capacity=st.integers(0, 40),
+       share=st.sampled_from([0.25, 0.5, 0.75]), accesses=st.lists(st.integers(0, 11), max_size=80))
+def test_two_list_page_cache_equals_an_ordered_dict_oracle(sizes, capacity, share, accesses):
+    keys = [a % len(sizes) for a in accesses]
+    cache = PageCache(np.array(sizes), capacity, share)
+    got = cache.access(np.array(keys, np.int64)).tolist() if keys else []
+    oracle = TwoListOracle(sizes, capacity, share)
+    assert got == [oracle.access(k) for k in keys]
+    assert cache.used_bytes == oracle.used()
+    cache.set_capacity(capacity // 2)
+    oracle.shrink(capacity // 2)
+    assert cache.used_bytes == oracle.used()
+    held = sorted([*oracle.inactive, *oracle.active])
+    assert np.flatnonzero(cache.contains(np.arange(len(sizes)))).tolist() == held
+
+
+def test_a_scan_evicts_what_was_read_twice_from_one_list_and_not_from_two():
+    # 4 extents of 1 byte read twice, a scan of 6 others read once, then the 4 again, through 8 bytes.
+    # One LRU list: the scan pushes the 4 out (0 hits). Two lists, half inactive (traced by hand): the second
+    # reads make 0-3 active, the balance sends 0 and 1 back to the inactive list, the scan evicts those two,
+    # and 2 and 3 stay active.
+    keys = np.array([0, 1, 2, 3] * 2 + [4, 5, 6, 7, 8, 9] + [0, 1, 2, 3])
+    lru = PageCache(np.ones(10, np.int64), 8)
+    assert lru.access(keys)[-4:].tolist() == [False, False, False, False]
+    two = PageCache(np.ones(10, np.int64), 8, INACTIVE_SHARE_BY_OS["macos"])
+    assert two.access(keys)[-4:].tolist() == [False, False, True, True]
 
 
 def test_unified_memory_shares_one_pool_with_the_page_cache():

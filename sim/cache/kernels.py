@@ -408,70 +408,111 @@ def opt_replay(experts, phase, pool_of_layer, n_experts, capacity, nxt, bypass, 
                 counts[layer, ph, EVICT] += 1
 
 
-# --- byte-capacity LRU (the OS page cache of the model files) --------------------------------------
-# One circular doubly linked list over the key ids with a sentinel node (n_keys): keys have sizes in
-# bytes and the list holds at most `capacity` bytes. The page cache evicts file pages, not experts, but
-# the engines read an expert's bytes together, so an expert's file extent is the unit here.
+# --- the OS page cache of the model files: byte capacity, an inactive and an active list ----------------
+# Key ids are nodes of two circular doubly linked lists with a sentinel each (INACTIVE = n_keys, ACTIVE =
+# n_keys + 1). Keys have sizes in bytes; both lists together hold at most `capacity` bytes. A miss enters the
+# inactive list, a hit there (a second reference) moves the key to the active list; room is made from the
+# inactive list's tail, and the active list's tail is moved to the inactive list's head while the inactive
+# list holds less than `inactive_share` of the bytes, as a kernel's page-out keeps its inactive target. With
+# inactive_share = 1 every key is demoted as soon as it is promoted, so the inactive list is one LRU list.
+# The page cache evicts file pages, not experts, but the engines read an expert's bytes together, so an
+# expert's file extent is the unit here. state = [inactive bytes, active bytes, capacity];
+# where[key] = 0 (not cached), 1 (inactive), 2 (active).
 
 @njit(cache=True)
-def byte_lru_access(keys, sizes, insert, prev, nxt, resident, state, hit_out):
-    """For each key in order: a hit moves it to the most recent end; a miss is inserted when `insert`
-    (evicting least recent keys until it fits; a key larger than the capacity is not kept). Writes
-    hit_out[i]. state = [used_bytes, capacity_bytes]."""
-    head = prev.shape[0] - 1
+def _unlink(prev, nxt, key):
+    p = prev[key]
+    n = nxt[key]
+    nxt[p] = n
+    prev[n] = p
+
+
+@njit(cache=True)
+def _push_head(prev, nxt, sentinel, key):
+    first = nxt[sentinel]
+    nxt[sentinel] = key
+    prev[key] = sentinel
+    nxt[key] = first
+    prev[first] = key
+
+
+@njit(cache=True)
+def _balance(prev, nxt, where, sizes, state, inactive_share):
+    active = prev.shape[0] - 1
+    inactive = active - 1
+    while state[1] > 0 and state[0] < inactive_share * (state[0] + state[1]):
+        victim = prev[active]
+        _unlink(prev, nxt, victim)
+        _push_head(prev, nxt, inactive, victim)
+        where[victim] = 1
+        state[1] -= sizes[victim]
+        state[0] += sizes[victim]
+
+
+@njit(cache=True)
+def _evict_to(prev, nxt, where, sizes, state, limit):
+    """Evict tails, the inactive list's first, until the lists hold at most `limit` bytes."""
+    active = prev.shape[0] - 1
+    inactive = active - 1
+    while state[0] + state[1] > limit:
+        victim = prev[inactive]
+        code = 1
+        if victim == inactive:
+            victim = prev[active]
+            code = 2
+            if victim == active:
+                break
+        _unlink(prev, nxt, victim)
+        where[victim] = 0
+        state[code - 1] -= sizes[victim]
+
+
+@njit(cache=True)
+def page_cache_access(keys, sizes, insert, prev, nxt, where, state, inactive_share, hit_out):
+    """For each key in order: an active hit moves to the active head; an inactive hit is promoted to the
+    active head; a miss is inserted at the inactive head when `insert` (a key larger than the capacity is not
+    kept). Writes hit_out[i]."""
+    active = prev.shape[0] - 1
+    inactive = active - 1
     for i in range(keys.shape[0]):
         key = keys[i]
-        if resident[key]:
+        code = where[key]
+        if code == 2:
             hit_out[i] = True
-            # unlink and relink after the sentinel (most recent)
-            p = prev[key]
-            n = nxt[key]
-            nxt[p] = n
-            prev[n] = p
+            _unlink(prev, nxt, key)
+            _push_head(prev, nxt, active, key)
+            continue
+        if code == 1:
+            hit_out[i] = True
+            _unlink(prev, nxt, key)
+            _push_head(prev, nxt, active, key)
+            where[key] = 2
+            state[0] -= sizes[key]
+            state[1] += sizes[key]
         else:
             hit_out[i] = False
-            if not insert or sizes[key] > state[1]:
+            if not insert or sizes[key] > state[2]:
                 continue
-            while state[0] + sizes[key] > state[1]:
-                victim = prev[head]
-                p = prev[victim]
-                nxt[p] = head
-                prev[head] = p
-                resident[victim] = False
-                state[0] -= sizes[victim]
-            resident[key] = True
+            _evict_to(prev, nxt, where, sizes, state, state[2] - sizes[key])
+            _push_head(prev, nxt, inactive, key)
+            where[key] = 1
             state[0] += sizes[key]
-        first = nxt[head]
-        nxt[head] = key
-        prev[key] = head
-        nxt[key] = first
-        prev[first] = key
+        _balance(prev, nxt, where, sizes, state, inactive_share)
 
 
 @njit(cache=True)
-def byte_lru_shrink(prev, nxt, resident, sizes, state):
-    """Evict least recent keys until used <= capacity (after the capacity was lowered)."""
-    head = prev.shape[0] - 1
-    while state[0] > state[1]:
-        victim = prev[head]
-        if victim == head:
-            break
-        p = prev[victim]
-        nxt[p] = head
-        prev[head] = p
-        resident[victim] = False
-        state[0] -= sizes[victim]
+def page_cache_shrink(prev, nxt, where, sizes, state, inactive_share):
+    """Evict until the lists fit the capacity (after it was lowered)."""
+    _evict_to(prev, nxt, where, sizes, state, state[2])
+    _balance(prev, nxt, where, sizes, state, inactive_share)
 
 
 @njit(cache=True)
-def byte_lru_drop(keys, prev, nxt, resident, sizes, state):
+def page_cache_drop(keys, prev, nxt, where, sizes, state):
     """Drop the given keys (posix_fadvise DONTNEED after a read)."""
     for i in range(keys.shape[0]):
         key = keys[i]
-        if resident[key]:
-            p = prev[key]
-            n = nxt[key]
-            nxt[p] = n
-            prev[n] = p
-            resident[key] = False
-            state[0] -= sizes[key]
+        if where[key]:
+            _unlink(prev, nxt, key)
+            state[where[key] - 1] -= sizes[key]
+            where[key] = 0

@@ -21,7 +21,7 @@ import numpy as np
 import simpy
 
 from sim.machine.servers import Server, SharedBandwidth
-from sim.machine.storage import PageCache, Ssd
+from sim.machine.storage import INACTIVE_SHARE_BY_OS, LRU_SHARE, PageCache, Ssd
 from sim.units import GIB, KIB
 
 __all__ = ["Machine", "Memory", "PageCache", "Server", "SharedBandwidth", "Ssd"]
@@ -107,7 +107,7 @@ class Machine:
         self.ssd = Ssd(env, "SSD", [(p.queue_depth, p.value * 1e9) for p in ssd.read_gbps_by_queue_depth],
                        ssd.read_request_kib.value * KIB, ssd.request_latency_us.value * 1e-6,
                        ssd.max_request_kib.value * KIB)
-        self.page_cache = PageCache(extent_bytes, 0)
+        self.page_cache = PageCache(extent_bytes, 0, INACTIVE_SHARE_BY_OS.get(profile.os, LRU_SHARE))
         self.memory = Memory(profile, self.page_cache)
         self.memcpy_bytes_per_s = profile.host.memcpy_gbps.value * 1e9
         self.sync_s = lat.device_sync_us.value * 1e-6

@@ -13,10 +13,13 @@ the shares change, and every read in flight is re-timed (processor sharing). The
 application's view (fio's bs and iodepth): a pread of several MiB at depth 1 is one request at depth 1,
 whatever the block layer splits it into. Page faults of a mapped file read `max_request_bytes` at a time.
 
-The page cache holds file extents (an expert's bytes in one model file) in the RAM no process uses, with
-LRU eviction (numba kernel sim.cache.kernels.byte_lru_access). Its capacity moves when the engine
-allocates or frees host memory (sim/machine/__init__.py, Memory), and on unified memory also when the GPU
-allocates: the page cache, the expert cache and the process share one pool.
+The page cache holds file extents (an expert's bytes in one model file) in the RAM no process uses, on an
+inactive and an active list (numba kernel sim.cache.kernels.page_cache_access): a page read once waits on
+the inactive list, a second read makes it active, and eviction takes the inactive list's oldest. How much
+of the cache the OS keeps inactive is its own (INACTIVE_SHARE_BY_OS); the share decides whether a loop over
+more file than fits keeps part of it (two lists) or misses throughout (one LRU list). Its capacity moves
+when the engine allocates or frees host memory (sim/machine/__init__.py, Memory), and on unified memory
+also when the GPU allocates: the page cache, the expert cache and the process share one pool.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import math
 import numpy as np
 import simpy
 
-from sim.cache.kernels import byte_lru_access, byte_lru_drop, byte_lru_shrink
+from sim.cache.kernels import page_cache_access, page_cache_drop, page_cache_shrink
 from sim.machine.servers import merge_intervals
 
 
@@ -131,65 +134,84 @@ class Ssd:
         return merge_intervals(self.log)
 
 
-class PageCache:
-    """The OS page cache of the model's expert file extents: an LRU in bytes, `capacity_bytes` large."""
+# The share of the cached file pages an OS keeps on its inactive list.
+# macOS: xnu's pageout daemon keeps "the fraction of active+inactive pages that should be inactive" at
+#   VM_PAGE_INACTIVE_TARGET(avail) = avail * 1 / 2, and reactivates an inactive page that was referenced
+#   (apple-oss-distributions/xnu osfmk/vm/vm_pageout.c @ 776661b7). Pages are moved to the inactive list at
+#   every access here, where the daemon moves them when free memory runs low: the pages the cache holds are
+#   the same, only their order when eviction starts may differ.
+# Linux and Windows: one LRU list stands in. Linux sizes its lists by refault distance (mm/workingset.c) or, with
+#   the multi-gen LRU, by generations, and Windows repurposes standby pages by priority: neither is modelled.
+INACTIVE_SHARE_BY_OS = {"macos": 0.5}
+LRU_SHARE = 1.0  # every page demoted as soon as it is promoted: one LRU list
 
-    def __init__(self, extent_bytes: np.ndarray, capacity_bytes: int):
-        n = len(extent_bytes)
+
+class PageCache:
+    """The OS page cache of the model's expert file extents, `capacity_bytes` large: an inactive and an active
+    list (sim.cache.kernels.page_cache_access). `inactive_share` is the part of the cached bytes the OS keeps
+    inactive; 1 makes it one LRU list."""
+
+    def __init__(self, extent_bytes: np.ndarray, capacity_bytes: int, inactive_share: float = LRU_SHARE):
+        if not 0.0 < inactive_share <= 1.0:
+            raise ValueError(f"inactive_share must be in (0, 1], not {inactive_share}")
+        self.inactive_share = float(inactive_share)
         self.sizes = np.asarray(extent_bytes, np.int64)
-        self.prev = np.full(n + 1, n, np.int64)  # node n is the sentinel
-        self.next = np.full(n + 1, n, np.int64)
-        self.resident = np.zeros(n, np.bool_)
-        self.state = np.array([0, max(0, int(capacity_bytes))], np.int64)
+        self._lists(len(self.sizes))
+        self.state = np.array([0, 0, max(0, int(capacity_bytes))], np.int64)
         self.hits = self.misses = 0
+
+    def _lists(self, n: int) -> None:
+        self.prev = np.empty(n + 2, np.int64)  # nodes n (inactive) and n + 1 (active) are the sentinels
+        self.prev[:] = n
+        self.prev[n + 1] = n + 1
+        self.next = self.prev.copy()
+        self.where = np.zeros(n, np.int8)
 
     def add_extents(self, extent_bytes: np.ndarray) -> np.ndarray:
         """More extents of the model files beside the experts' (an engine that reads other tensors through the
         cache, say the non-routed weights of a mapped file): their keys. Only while the cache holds nothing."""
-        if self.state[0] or self.resident.any():
+        if self.used_bytes or self.where.any():
             raise ValueError("extents can be added only to an empty page cache")
         first = len(self.sizes)
         self.sizes = np.concatenate([self.sizes, np.asarray(extent_bytes, np.int64)])
-        n = len(self.sizes)
-        self.prev = np.full(n + 1, n, np.int64)
-        self.next = np.full(n + 1, n, np.int64)
-        self.resident = np.zeros(n, np.bool_)
-        return np.arange(first, n, dtype=np.int64)
+        self._lists(len(self.sizes))
+        return np.arange(first, len(self.sizes), dtype=np.int64)
 
     @property
     def capacity_bytes(self) -> int:
-        return int(self.state[1])
+        return int(self.state[2])
 
     @property
     def used_bytes(self) -> int:
-        return int(self.state[0])
+        return int(self.state[0] + self.state[1])
 
     def set_capacity(self, capacity_bytes: int) -> None:
-        self.state[1] = max(0, int(capacity_bytes))
-        byte_lru_shrink(self.prev, self.next, self.resident, self.sizes, self.state)
+        self.state[2] = max(0, int(capacity_bytes))
+        page_cache_shrink(self.prev, self.next, self.where, self.sizes, self.state, self.inactive_share)
 
     def warm(self, keys_in_read_order: np.ndarray) -> None:
         """The files were read before the run (a previous run, the model load): the cache holds what fits,
         the last read most recent."""
         keys = np.ascontiguousarray(keys_in_read_order, np.int64)
-        byte_lru_access(keys, self.sizes, True, self.prev, self.next, self.resident, self.state,
-                        np.zeros(len(keys), np.bool_))
+        page_cache_access(keys, self.sizes, True, self.prev, self.next, self.where, self.state,
+                          self.inactive_share, np.zeros(len(keys), np.bool_))
 
     def access(self, keys: np.ndarray, insert: bool = True) -> np.ndarray:
         """Reads of these extents through the page cache: True where the bytes were in RAM. Misses are
         read from the drive and kept (insert) unless the reader bypasses the cache."""
         keys = np.ascontiguousarray(keys, np.int64)
         hit = np.zeros(len(keys), np.bool_)
-        byte_lru_access(keys, self.sizes, insert, self.prev, self.next, self.resident, self.state, hit)
+        page_cache_access(keys, self.sizes, insert, self.prev, self.next, self.where, self.state,
+                          self.inactive_share, hit)
         n_hit = int(hit.sum())
         self.hits += n_hit
         self.misses += len(keys) - n_hit
         return hit
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
-        return self.resident[np.asarray(keys, np.int64)]
+        return self.where[np.asarray(keys, np.int64)] != 0
 
     def drop(self, keys: np.ndarray) -> None:
         """posix_fadvise(DONTNEED) after a read: the extents leave the cache."""
-        byte_lru_drop(np.ascontiguousarray(keys, np.int64), self.prev, self.next, self.resident, self.sizes,
-                      self.state)
+        page_cache_drop(np.ascontiguousarray(keys, np.int64), self.prev, self.next, self.where, self.sizes,
+                        self.state)
