@@ -574,7 +574,8 @@ def calibrate(
                                                 help="refit the raw samples of a calibration file (no GPU)"),
     sizes: Optional[str] = typer.Option(None, help="expert sizes in MiB, e.g. 1,2,4,8,16"),
     experts: Optional[str] = typer.Option(None, help="experts per step, e.g. 1,2,4,...,512"),
-    repeats: Optional[int] = typer.Option(None, help="repeats per configuration (default 5)"),
+    repeats: Optional[int] = typer.Option(None, help="repeats per configuration (default 5); with --replay: runs "
+                                                     "of each step, their median compared (default 3)"),
     seed: int = typer.Option(0, help="random seed (slots, data, order)"),
     max_steps: Optional[int] = typer.Option(None, help="--replay: at most this many steps, evenly spaced"),
     tune: bool = typer.Option(True, "--tune/--no-tune", help="tune the gather kernel's launch shape first"),
@@ -588,12 +589,16 @@ def calibrate(
         claim_file(output, force, "--output")
     log = (lambda msg: typer.echo(f"calibrate: {msg}", err=True))
     if replay is not None:
-        report = api.replay(replay, calibration, max_steps=max_steps, seed=seed, output=output, log=log)
+        report = api.replay(replay, calibration, max_steps=max_steps, seed=seed, repeats=repeats, output=output,
+                            log=log)
         if as_json:
             _print_json({k: v for k, v in report.items() if k != "per_step"})
             return
+        drift = report["host_drift"]
+        host = "" if drift is None else f"; host probe {100 * drift:+.1f} % against the calibration's"
         _print(_table(f"replay of {replay} on {report['gpu']} (calibration: {report['calibration']['gpu']}, "
-                         f"{report['calibration']['status']}); goal {report['goal']}", report["summary"]))
+                      f"{report['calibration']['status']}, {report['repeats']} runs a step{host}); goal "
+                      f"{report['goal']}", report["summary"]))
         return
     if from_samples is not None:
         result = api.refit(from_samples, output)

@@ -18,7 +18,8 @@ import pytest
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 from sim.calibrate import cudaenv, fileformat, fit  # noqa: E402
-from sim.calibrate.kernel import MEMORIES, Backend, Variant, random_plan, reference_apply, self_test  # noqa: E402
+from sim.calibrate.kernel import (MEMORIES, PROBE_REPS, Backend, Variant, random_plan, reference_apply,  # noqa: E402
+                                  self_test)
 from sim.calibrate.replay import Placement, gather_launches, replay  # noqa: E402
 from sim.errors import InputError  # noqa: E402
 from sim.units import GIB, MIB
@@ -330,14 +331,65 @@ def _timed_runs_after_settle(calls: list) -> int:
     return len(follows)
 
 
-def test_every_timed_replay_step_runs_right_after_a_settle(tmp_path, monkeypatch):
+def _results(tmp_path, steps: int) -> Path:
     results = tmp_path / "run"
     results.mkdir()
-    ds4_like_plan(steps=4).to_parquet(results / "copy_plan.parquet", index=False)
+    ds4_like_plan(steps=steps).to_parquet(results / "copy_plan.parquet", index=False)
     (results / "summary.json").write_text(json.dumps({"engine": "ds4", "variant": "pr504"}))
+    return results
+
+
+def test_every_timed_replay_step_runs_right_after_a_settle(tmp_path, monkeypatch):
+    results = _results(tmp_path, steps=4)
     calls = _record_calls(monkeypatch)
-    report = replay(results, fileformat.load(H200), verify_every=2, min_cache_bytes=SMALL_CACHE)
-    assert _timed_runs_after_settle(calls) == len(report["per_step"]["step_id"]) == 8
+    report = replay(results, fileformat.load(H200), repeats=3, verify_every=2, min_cache_bytes=SMALL_CACHE)
+    assert len(report["per_step"]["step_id"]) == 8  # 4 steps, two ways
+    probes = len(report["host_probe"]["replay_us"])  # before and after the replay
+    assert probes == 2 and report["repeats"] == 3
+    assert _timed_runs_after_settle(calls) == 3 * 8 + probes * PROBE_REPS
+
+
+def test_replay_compares_the_median_of_a_steps_runs_and_reports_their_noise(tmp_path, monkeypatch):
+    """Known answer: the timed runs (those right after a settle) take 10, 30, 20, 10, 30, 20 ... us in turn, so
+    every step's measured time is 20 us, and its runs lie 1/2, 1/2 and 0 away from that median: noise floor 1/2.
+    The host probe reads 150 us where the calibration's read 100 (the median of its readings): a drift of +50 %."""
+    results = _results(tmp_path, steps=3)
+    monkeypatch.setattr(Backend, "host_probe", lambda self, reps=PROBE_REPS: 150.0)
+    calibration = {**fileformat.load(H200), "host_probe": {"through_sweep_us": [100.0, 120.0, 100.0, 90.0, 100.0]}}
+    durations = iter([10.0, 30.0, 20.0] * 100)
+    settled = []
+    for name in ("run_ce", "run_gather"):
+        original = getattr(Backend, name)
+
+        def timed(self, *args, _original=original, **kwargs):
+            timing = _original(self, *args, **kwargs)
+            if settled:
+                settled.clear()
+                timing.wall_us = next(durations)
+            return timing
+        monkeypatch.setattr(Backend, name, timed)
+    settle = Backend.settle
+    monkeypatch.setattr(Backend, "settle", lambda self: (settle(self), settled.append(True)))
+    report = replay(results, calibration, repeats=3, verify_every=2, min_cache_bytes=SMALL_CACHE)
+    per = pd.DataFrame(report["per_step"])
+    assert report["host_probe"] == {"calibration_us": 100.0, "replay_us": [150.0, 150.0]}
+    assert report["host_drift"] == pytest.approx(0.5)
+    assert (per["measured_us"] == 20.0).all() and all(sorted(r) == [10.0, 20.0, 30.0] for r in per["runs_us"])
+    assert {row["way"]: row["noise_floor"] for row in report["summary"]} == {"ce_sync": 0.5, "gather": 0.5}
+    once = replay(results, fileformat.load(H200), repeats=1, verify_every=2, min_cache_bytes=SMALL_CACHE)
+    assert all(row["noise_floor"] is None for row in once["summary"])  # one run per step: no spread to measure
+    assert once["host_drift"] is None  # h200.json predates the probe
+    with pytest.raises(InputError, match="--repeats"):
+        replay(results, fileformat.load(H200), repeats=0, min_cache_bytes=SMALL_CACHE)
+
+
+def test_calibration_file_records_the_host_probe():
+    record = {"host_probe": fileformat.host_probe_record([100.0, 120.5, 90.0])}
+    assert record["host_probe"]["through_sweep_us"] == [100.0, 120.5, 90.0]
+    assert fileformat.probe_us(record) == 100.0  # the median reading
+    assert fileformat.host_probe_record([]) is None and fileformat.probe_us(fileformat.load(H200)) is None
+    measured = fileformat.load(CAL_DIR / "h200-i.json")  # the first H200 calibrated with the probe
+    assert len(measured["host_probe"]["through_sweep_us"]) == 5 and fileformat.probe_us(measured) > 0
 
 
 def test_every_timed_grid_sample_runs_right_after_a_settle(monkeypatch):
@@ -347,8 +399,9 @@ def test_every_timed_grid_sample_runs_right_after_a_settle(monkeypatch):
     layout = sweep.Layout.for_grid(grid)
     backend = Backend(dev_words=layout.dev_words, host_words=layout.host_words)
     calls = _record_calls(monkeypatch)
-    samples = sweep.sweep(backend, layout, np.random.default_rng(0), grid, log=lambda m: None)
-    assert _timed_runs_after_settle(calls) == len(samples) > 0
+    samples, probes = sweep.sweep(backend, layout, np.random.default_rng(0), grid, log=lambda m: None)
+    assert len(samples) > 0 and len(probes) == sweep.PROBE_POINTS + 1  # before the sweep, after each quarter
+    assert _timed_runs_after_settle(calls) == len(samples) + len(probes) * PROBE_REPS
 
 
 @pytest.mark.parametrize("mutate, needle", [
@@ -362,6 +415,17 @@ def test_bad_copy_plans_are_one_line_errors(tmp_path, mutate, needle):
     mutate(ds4_like_plan(steps=1)).to_parquet(results / "copy_plan.parquet", index=False)
     proc = expertsim("calibrate", "--replay", results, "--calibration", CAL_DIR / "rtx-5090.json")
     assert_one_line_error(proc, needle)
+
+
+def test_cli_replays_a_plan_with_runs_per_step_and_refuses_zero_runs(tmp_path):
+    results = _results(tmp_path, steps=2)
+    proc = expertsim("calibrate", "--replay", results, "--calibration", H200, "--repeats", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["repeats"] == 2 and report["steps"] == 2 and report["host_drift"] is None  # h200.json: no probe
+    assert len(report["host_probe"]["replay_us"]) == 2 and {r["way"] for r in report["summary"]} == {"ce_sync", "gather"}
+    assert_one_line_error(expertsim("calibrate", "--replay", results, "--calibration", H200, "--repeats", "0"),
+                          "--repeats")
 
 
 def test_replay_of_a_missing_folder_is_one_line_error(tmp_path):

@@ -90,12 +90,13 @@ def calibration_for_results(results: Path, calibration: Path | None) -> dict:
     return fileformat.load_for_profile(profile)
 
 
-def replay(results: Path, calibration: Path | None, *, max_steps=None, seed=0, output: Path | None = None,
-           log=lambda m: None) -> dict:
+def replay(results: Path, calibration: Path | None, *, max_steps=None, seed=0, repeats=None,
+           output: Path | None = None, log=lambda m: None) -> dict:
     from sim.calibrate import replay as replay_mod
 
     record = calibration_for_results(results, calibration)
-    report = replay_mod.replay(results, record, max_steps=max_steps, seed=seed, log=log)
+    report = replay_mod.replay(results, record, max_steps=max_steps, seed=seed,
+                               repeats=replay_mod.REPLAY_REPEATS if repeats is None else repeats, log=log)
     if output is not None:
         fileformat.write(report, output)
         report["file"] = str(output)

@@ -10,6 +10,7 @@ referenced by hardware profiles (`calibration = "calibration/h200.json"`).
     software          driver_version, cuda_driver_api, cuda_runtime, python, numpy, numba, numba-cuda, platform
     grid              sizes_bytes, experts, repeats, paths, ways, seed
     kernel            launch mode and the launch shape per path, tuning results
+    host_probe        what the probe step is and its median host time before the sweep and after each quarter
     parameters        paths.<d2d|h2d|d2h>.<ce_sync|ce_batch|gather>.<term>, call_us.<path>, sync_us,
                       sync_idle_us: each a table { value, unit, source } as in the hardware profiles
     fit_error         per "path/way" and "all": n, median, p95, max relative error (null when published)
@@ -90,6 +91,22 @@ def simulator_profile(params: dict) -> dict:
     return {k: round(float(v), 4) for k, v in out.items()}
 
 
+def host_probe_record(probes: list | None) -> dict | None:
+    """The host probe's step and its medians through the sweep (None when none were taken)."""
+    from sim.calibrate.kernel import PROBE_BYTES, PROBE_COPIES, PROBE_REPS
+
+    if not probes:
+        return None
+    return {"step": f"{PROBE_COPIES} device copies of {PROBE_BYTES} B, a stream sync after each (Backend.host_probe)",
+            "median_of": PROBE_REPS, "unit": "us", "through_sweep_us": [round(float(p), 3) for p in probes]}
+
+
+def probe_us(record: dict) -> float | None:
+    """The calibration's host probe: the median of its readings through the sweep (None in older files)."""
+    readings = ((record.get("host_probe") or {}).get("through_sweep_us")) or []
+    return float(pd.Series(readings).median()) if readings else None
+
+
 def samples_record(samples: pd.DataFrame) -> dict:
     cols = list(fit.SAMPLE_COLUMNS)
     frame = samples[cols].copy()
@@ -134,6 +151,7 @@ def build_record(result, command: str, version: str) -> dict:
         "kernel": {"launch_mode": result.extra.get("launch_mode"), "desc_in": result.extra.get("desc_in"),
                    "launch_ways": result.extra.get("launch_ways"), "variants": result.extra.get("variants"),
                    "tuning": result.tuning, "self_test": result.self_test, "notes": result.notes},
+        "host_probe": host_probe_record(result.extra.get("host_probe_us")),
         "parameters": parameters_record(result.params, source, result.extra.get("sync_idle_us")),
         "fit_error": result.params["fit_error"],
         "references": {"copies": result.references, "speed": result.speed, "engine_vs_gather": result.comparison},

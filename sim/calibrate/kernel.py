@@ -47,6 +47,9 @@ MAX_DESCRIPTORS_PER_LAUNCH = 65_535  # gridDim.y
 # raw: cuLaunchKernel with a parameter block packed once (about a microsecond of Python per launch);
 # pointer: numba's compiled-kernel launch with raw pointers; dispatch: numba's dispatcher with arrays
 LAUNCH_MODES = ("raw", "pointer", "dispatch")
+# The host probe (Backend.host_probe): copies of 4 KiB take well under a microsecond on the copy engine, so the
+# step's ~150 us on an H200 is the driver's call and sync per copy, the host's part of the engines' way.
+PROBE_COPIES, PROBE_BYTES, PROBE_REPS = 16, 4096, 200
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -328,6 +331,21 @@ class Backend:
             self.kernels[variant.unroll][(1, 1), (variant.threads,), self.stream](self.scratch, self.scratch,
                                                                                   self.scratch_desc)
         self.sync()
+
+    def host_probe(self, reps: int = PROBE_REPS) -> float:
+        """The host's state, as one number: the median host time (us) of a step the engines' way whose cost is
+        all host and driver time (PROBE_COPIES device copies of PROBE_BYTES, a sync after each), each run right
+        after settle(). On a VM it moves with what the host's other tenants do (docs/calibration.md: one H200's
+        grid ran 19 % slower than its replays minutes later); a calibration records it as it goes, a replay
+        before and after, so a replay's error can be told apart from a host that changed in between."""
+        words = max(1, min(PROBE_BYTES // WORD, self.words("dev") // (2 * PROBE_COPIES)))
+        src = np.arange(PROBE_COPIES, dtype=np.int64) * 2 * words
+        step = self.ce_step("d2d", src, src + words, np.full(PROBE_COPIES, words, np.int64))
+        times = []
+        for _ in range(reps):
+            self.settle()
+            times.append(self.run_ce(step, sync_each=True).wall_us)
+        return float(np.median(times))
 
     def validate(self, path: str, desc: np.ndarray) -> None:
         if path not in MEMORIES:

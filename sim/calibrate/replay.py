@@ -18,8 +18,14 @@ those on other links).
 Each step runs two ways: the engines' way (one cudaMemcpyAsync and one stream sync per copy, in plan order)
 and the gather kernel (launches grouped by path and by dependency level, one sync at the end). Host time
 per step, timed right after Backend.settle() as the grid's samples are, is compared with the calibration's
-prediction for that step. Some steps (the first two, then every
-`verify_every`-th) are verified: destinations poisoned, every byte compared with a host-side reference.
+prediction for that step. The calibration predicts the median of a configuration's repeats, so a step is run
+`repeats` times, each on fresh random slots as the grid's repeats are, and the median of its times is what is
+compared; the report's `noise_floor` is how far one run of a step lies from that median (the median over all
+runs), the error a model of the median cannot go below when each step is timed once. The host probe
+(Backend.host_probe) is timed before and after the replay: `host_drift` is how much slower (+) or faster (-) the
+host's part of a copy was than while the calibration's grid was measured, the part of a replay's error that is
+the machine's state and not the model's. Some steps (the first two, then every `verify_every`-th) are
+verified: destinations poisoned, every byte compared with a host-side reference.
 """
 
 from __future__ import annotations
@@ -43,7 +49,11 @@ PLAN_COLUMNS = ("step_id", "kind", "count", "bytes_each", "src", "dst")
 SLOT_ALIGN_WORDS = 32
 MIN_CACHE_BYTES = {"dev": 256 * MIB, "host": 64 * MIB}  # random-slot arenas at least this large (L2 is 60 MB)
 WARMUP_STEPS = 3
+# Runs of each step whose median is compared (--repeats): three keep a replay of 3,000 steps to minutes on an H200
+# and bring the median of a step's runs near the median the calibration's 5-15 repeats per configuration fit.
+REPLAY_REPEATS = 3
 SIM_MAX_BYTES = 1 << 30  # Numba's simulator keeps the arenas in host memory and copies at Python speed
+SIM_MIN_CACHE_BYTES = {"dev": 1 << 20, "host": 1 << 20}  # the simulator has no L2 for sources to stay out of
 
 
 def read_plan(results: str | Path) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
@@ -268,16 +278,18 @@ def verify(backend: Backend, descs: list[tuple], run) -> int:
 
 
 def replay(results: str | Path, calibration: dict, *, max_steps: int | None = None, seed: int = 0,
-           verify_every: int = 1000, ways=("ce_sync", "gather"), min_cache_bytes: dict | None = None,
-           log=lambda msg: None) -> dict:
+           repeats: int = REPLAY_REPEATS, verify_every: int = 1000, ways=("ce_sync", "gather"),
+           min_cache_bytes: dict | None = None, log=lambda msg: None) -> dict:
     """Replay a results folder's copy plan; returns the report (per step and summary statistics)."""
+    if repeats < 1:
+        raise InputError("replay", "--repeats", repeats, "runs of each step: at least 1")
     plan, summary, steps_frame = read_plan(results)
     params = _plain(calibration)
     cudaenv.require_gpu()
     cuda_sim = cudaenv.simulating()
     free = None if cuda_sim else cudaenv.free_memory_bytes()
     limit = {"dev": SIM_MAX_BYTES, "host": SIM_MAX_BYTES} if cuda_sim else {"dev": 0.9 * free - 256 * MIB}
-    placement = Placement(plan, limit, min_cache_bytes)
+    placement = Placement(plan, limit, min_cache_bytes or (SIM_MIN_CACHE_BYTES if cuda_sim else None))
     step_ids = np.unique(placement.rows["step_id"].to_numpy())
     if max_steps is not None and len(step_ids) > max_steps:
         step_ids = step_ids[np.unique(np.linspace(0, len(step_ids) - 1, max_steps).round().astype(int))]
@@ -300,43 +312,58 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     records = []
     verified = 0
     t_start = time.perf_counter()
+    probes = [backend.host_probe()]
     for way in ways:
-        warm = list(step_ids[:WARMUP_STEPS])
-        for k, sid in enumerate(warm + list(step_ids)):
-            descs = placement.step_descriptors(grouped[sid], rng)
-            if way == "gather":
-                launches = gather_launches(descs)
-                step = backend.gather_step(launches)
-                predicted = fit.predict_gather_step(params, [(p, len(d), int(d[:, 2].sum()) * WORD)
-                                                             for p, d in launches])
-                run = (lambda st=step: backend.run_gather(st))
-                n_calls = len(step.launches)
-            else:
-                step = Backend.join_ce([backend.ce_step(p, d[:, 0], d[:, 1], d[:, 2]) for p, d, _, _ in descs])
-                predicted = fit.predict_ce_step(params, [(p, len(d), int(d[:, 2].sum()) * WORD)
-                                                         for p, d, _, _ in descs], sync_each=(way == "ce_sync"))
-                run = (lambda st=step, w=way: backend.run_ce(st, sync_each=(w == "ce_sync")))
-                n_calls = step.n
-            if k < len(warm):
-                run()
-                continue
-            idx = k - len(warm)
-            if idx < 2 or (verify_every and idx % verify_every == 0):
-                verified += verify(backend, descs, run)
-            backend.settle()
-            timing = run()
+        for sid in step_ids[:WARMUP_STEPS]:  # untimed: the first steps of a way load its code paths
+            _prepare(backend, params, way, placement.step_descriptors(grouped[sid], rng))[0]()
+        for idx, sid in enumerate(step_ids):
+            times = []
+            for r in range(repeats):
+                descs = placement.step_descriptors(grouped[sid], rng)  # fresh random slots for every run
+                run, predicted, n_calls = _prepare(backend, params, way, descs)
+                if r == 0 and (idx < 2 or (verify_every and idx % verify_every == 0)):
+                    verified += verify(backend, descs, run)
+                backend.settle()
+                times.append(run().wall_us)
+            n_bytes = sum(int(d[:, 2].sum()) for _, d, _, _ in descs) * WORD
             records.append({"way": way, "step_id": int(sid), "copies": int(sum(len(d) for _, d, _, _ in descs)),
-                            "calls": int(n_calls), "bytes": int(sum(int(d[:, 2].sum()) for _, d, _, _ in descs) * WORD),
-                            "predicted_us": float(predicted), "measured_us": float(timing.wall_us)})
-        log(f"replay {way}: {len(step_ids)} steps, {time.perf_counter() - t_start:.0f} s")
+                            "calls": int(n_calls), "bytes": int(n_bytes), "predicted_us": float(predicted),
+                            "measured_us": float(np.median(times)), "runs_us": [float(t) for t in times]})
+        log(f"replay {way}: {len(step_ids)} steps x {repeats} runs, {time.perf_counter() - t_start:.0f} s")
+    probes.append(backend.host_probe())
     frame = pd.DataFrame.from_records(records)
     frame["rel_error"] = fit.relative_errors(frame["predicted_us"], frame["measured_us"])
     if steps_frame is not None and len(steps_frame) > int(frame["step_id"].max()):
         frame["phase"] = steps_frame["phase"].to_numpy()[frame["step_id"].to_numpy()]
     else:
         frame["phase"] = "all"
-    return _report(frame, summary, calibration, results, verified, len(step_ids), cuda_sim,
+    return _report(frame, summary, calibration, results, verified, len(step_ids), repeats, probes, cuda_sim,
                    cudaenv.device_info()["name"])
+
+
+def _prepare(backend: Backend, params: dict, way: str, descs: list[tuple]):
+    """A step's copies issued one way: (run, the calibration's prediction in us, GPU calls)."""
+    if way == "gather":
+        launches = gather_launches(descs)
+        step = backend.gather_step(launches)
+        predicted = fit.predict_gather_step(params, [(p, len(d), int(d[:, 2].sum()) * WORD) for p, d in launches])
+        return (lambda: backend.run_gather(step)), predicted, len(step.launches)
+    step = Backend.join_ce([backend.ce_step(p, d[:, 0], d[:, 1], d[:, 2]) for p, d, _, _ in descs])
+    predicted = fit.predict_ce_step(params, [(p, len(d), int(d[:, 2].sum()) * WORD) for p, d, _, _ in descs],
+                                    sync_each=(way == "ce_sync"))
+    return (lambda: backend.run_ce(step, sync_each=(way == "ce_sync"))), predicted, step.n
+
+
+def noise_floor(runs: pd.Series) -> float | None:
+    """How far one run of a step lies from the median of its runs: the median over every run of
+    |run / median - 1| (None with one run per step). A model that predicted each step's median exactly would
+    show this median error against steps timed once."""
+    deviations = []
+    for times in runs:
+        middle = float(np.median(times))
+        if len(times) > 1 and middle > 0:
+            deviations.extend(abs(t / middle - 1) for t in times)
+    return float(np.median(deviations)) if deviations else None
 
 
 def _plain(calibration: dict) -> dict:
@@ -346,7 +373,10 @@ def _plain(calibration: dict) -> dict:
 
 
 def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, verified: int, n_steps: int,
-            simulated: bool, device_name: str) -> dict:
+            repeats: int, probes: list[float], simulated: bool, device_name: str) -> dict:
+    from sim.calibrate.fileformat import probe_us
+
+    calibration_probe = probe_us(calibration)
     rows = []
     for way, part in frame.groupby("way", sort=False):
         parts = [("all", part)]
@@ -356,6 +386,7 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
             stats = fit.error_stats(sub["rel_error"])
             rows.append({"way": way, "phase": phase, "steps": int(len(sub)), "median_error": stats["median"],
                          "p95_error": stats["p95"], "max_error": stats["max"],
+                         "noise_floor": noise_floor(sub["runs_us"]),
                          "measured_s": float(sub["measured_us"].sum() / 1e6),
                          "predicted_s": float(sub["predicted_us"].sum() / 1e6)})
     return {
@@ -366,9 +397,12 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
         "gpu": device_name,
         "simulator": simulated,
         "steps": n_steps,
+        "repeats": repeats,
+        "host_probe": {"calibration_us": calibration_probe, "replay_us": [round(p, 3) for p in probes]},
+        "host_drift": None if calibration_probe is None else float(np.median(probes)) / calibration_probe - 1,
         "verified_bytes": verified,
         "goal": "median relative error <= 0.10",
         "summary": rows,
         "per_step": {c: frame[c].tolist() for c in ("way", "step_id", "phase", "copies", "calls", "bytes",
-                                                    "predicted_us", "measured_us", "rel_error")},
+                                                    "predicted_us", "measured_us", "runs_us", "rel_error")},
     }

@@ -16,6 +16,8 @@ One run, in this order:
    step: just after a GPU call and its sync). Host time per step is what the simulator models (its engines
    are serial chains);
 5. the fit (sim.calibrate.fit) and the speed rows.
+The host probe (Backend.host_probe) is timed before the sweep and after each quarter of it: the file records
+how the host's state moved while the grid was measured, and a replay compares it with its own.
 
 Memory: a device arena (slab of random slots + compact staging) and a mapped pinned host arena, sized from
 the grid (512 experts x 16 MiB: 10 GiB slab, 8 GiB staging, 8.5 GiB pinned host memory).
@@ -301,7 +303,11 @@ def idle_sync_us(backend: Backend, reps: int = 2000) -> float:
     return float(np.median(times))
 
 
-def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFrame:
+PROBE_POINTS = 4  # host probes during the sweep, after each quarter of its samples (and one before)
+
+
+def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> tuple[pd.DataFrame, list[float]]:
+    """The grid's samples, and the host probe before the first of them and after each PROBE_POINTS-th."""
     configs = []
     for path in grid.paths:
         for way in grid.ways:
@@ -320,6 +326,8 @@ def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFram
             execute(backend, way, step)
     rows = []
     t_start = time.perf_counter()
+    checkpoints = {len(order) * i // PROBE_POINTS for i in range(1, PROBE_POINTS + 1)}
+    probes = [backend.host_probe()]
     for k, ((path, way, size, n, launches), rep) in enumerate(order):
         desc = sample_descriptors(rng, layout, path, size, n)
         step = prepare(backend, path, way, desc, launches)
@@ -330,7 +338,9 @@ def sweep(backend: Backend, layout: Layout, rng, grid: Grid, log) -> pd.DataFram
         rows.append((path, way, int(size), int(n), int(launches), int(rep), timing.wall_us, timing.enqueue_us))
         if k and k % 500 == 0:
             log(f"sweep {k}/{len(order)} samples, {time.perf_counter() - t_start:.0f} s")
-    return pd.DataFrame.from_records(rows, columns=list(fit.SAMPLE_COLUMNS))
+        if k + 1 in checkpoints:
+            probes.append(backend.host_probe())
+    return pd.DataFrame.from_records(rows, columns=list(fit.SAMPLE_COLUMNS)), probes
 
 
 def speed_rows(refs: dict) -> list[dict]:
@@ -419,13 +429,15 @@ def calibrate(grid: Grid, log=lambda msg: None) -> SweepResult:
     tuning = tune(backend, layout, rng, grid, log) if not device["simulator"] else []
     refs = references(backend, layout, rng, grid)
     sync_idle = idle_sync_us(backend, 200 if device["simulator"] else 2000)
-    samples = sweep(backend, layout, rng, grid, log)
+    samples, probes = sweep(backend, layout, rng, grid, log)
+    log(f"host probe through the sweep: {', '.join(f'{p:.1f}' for p in probes)} us")
     params = fit.fit(samples)
     med = fit.medians(samples)
     result = SweepResult(device=device, grid=grid, samples=samples, params=params, tuning=tuning,
                          references=refs, speed=speed_rows(refs), comparison=comparison(med, 4 * MIB),
                          self_test=st, extra={"sync_idle_us": sync_idle, "launch_mode": backend.launch_mode,
                                               "desc_in": backend.desc_in, "launch_ways": launches,
+                                              "host_probe_us": probes,
                                               "variants": {p: v.as_dict() for p, v in backend.variants.items()}},
                          notes=list(backend.notes))
     result.seconds = time.perf_counter() - t0

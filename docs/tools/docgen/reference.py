@@ -303,12 +303,16 @@ def replay_spread_table() -> str:
     """The GPU copy replay on several H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
     import json
 
+    def percent(value, sign=""):
+        return "" if value is None else f"{100 * value:{sign}.1f} %"
+
     record = json.loads((ROOT / "scenarios" / "hardware" / "calibration" / "h200-replay-spread.json").read_text())
-    rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], r["timing"],
-             f"{100 * r['median_error']:.1f} %", f"{100 * r['p95_error']:.1f} %", f"{r['measured_s']:.2f} s",
-             f"{r['predicted_s']:.2f} s"] for r in record["rows"]]
-    return table(["machine", "calibration", "seed", "steps", "way", "timing", "median error", "p95 error", "measured",
-                  "predicted"], rows, "lllrllrrrr")
+    rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], r["timing"], r["repeats"],
+             percent(r["median_error"]), percent(r["p95_error"]), percent(r.get("noise_floor")),
+             percent(r.get("host_drift"), "+"), f"{r['measured_s']:.2f} s", f"{r['predicted_s']:.2f} s"]
+            for r in record["rows"]]
+    return table(["machine", "calibration", "seed", "steps", "way", "timing", "runs", "median error", "p95 error",
+                  "noise floor", "host drift", "measured", "predicted"], rows, "lllrllrrrrrrr")
 
 
 def ds4_reserve_table() -> str:
