@@ -296,11 +296,16 @@ def test_gather_launches_respect_dependencies_and_stay_few():
         assert np.array_equal(in_order[m], grouped[m])
 
 
-def test_replay_in_simulator_verifies_bytes_and_reports_errors(tmp_path):
+def _results(tmp_path, steps: int) -> Path:
     results = tmp_path / "run"
     results.mkdir()
-    ds4_like_plan(steps=5).to_parquet(results / "copy_plan.parquet", index=False)
+    ds4_like_plan(steps=steps).to_parquet(results / "copy_plan.parquet", index=False)
     (results / "summary.json").write_text(json.dumps({"engine": "ds4", "variant": "pr504"}))
+    return results
+
+
+def test_replay_in_simulator_verifies_bytes_and_reports_errors(tmp_path):
+    results = _results(tmp_path, steps=5)
     calibration = fileformat.load(H200)
     report = replay(results, calibration, verify_every=2, min_cache_bytes=SMALL_CACHE)
     assert report["simulator"] and report["steps"] == 5 and report["verified_bytes"] > 0
@@ -329,14 +334,6 @@ def _timed_runs_after_settle(calls: list) -> int:
     follows = [calls[i + 1] for i, c in enumerate(calls) if c == "settle"]
     assert all(c in ("run_gather", "run_ce") for c in follows), calls
     return len(follows)
-
-
-def _results(tmp_path, steps: int) -> Path:
-    results = tmp_path / "run"
-    results.mkdir()
-    ds4_like_plan(steps=steps).to_parquet(results / "copy_plan.parquet", index=False)
-    (results / "summary.json").write_text(json.dumps({"engine": "ds4", "variant": "pr504"}))
-    return results
 
 
 def test_every_timed_replay_step_runs_right_after_a_settle(tmp_path, monkeypatch):
