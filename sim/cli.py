@@ -7,9 +7,11 @@ line on stderr naming the file, field and value, and exit code 2.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from enum import Enum
 from typing import Optional
@@ -40,6 +42,7 @@ PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut,
 EXIT_BAD_INPUT = 2
 EXIT_POINTS_FAILED = 1  # a sweep that ran but where points failed: not bad input (2), not success
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
+REDELIVER_S = 0.01  # a Ctrl-C that lands in a finalizer is sent again this much later (see _interrupt)
 
 
 class Interrupted(BaseException):
@@ -48,6 +51,14 @@ class Interrupted(BaseException):
 
 
 def _interrupt(signum, frame):
+    # An exception that escapes a finalizer is printed and dropped by Python ("Exception ignored in ...
+    # __del__"): a Ctrl-C landing in one (llvmlite frees compiled objects in __del__ while numba compiles) would
+    # be lost and the command would run on. Deliver it again once the finalizer has returned.
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
     raise Interrupted()
 
 
