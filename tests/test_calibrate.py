@@ -18,9 +18,10 @@ import pytest
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 from sim.calibrate import cudaenv, fileformat, fit  # noqa: E402
-from sim.calibrate.kernel import (MEMORIES, PROBE_REPS, Backend, Variant, random_plan, reference_apply,  # noqa: E402
+from sim.calibrate.kernel import (MEMORIES, PROBE_COPIES, PROBE_REPS, Backend, Variant, random_plan, reference_apply,  # noqa: E402
                                   self_test)
 from sim.calibrate.replay import Placement, gather_launches, replay  # noqa: E402
+from sim.calibrate.sweep import PROBE_POINTS  # noqa: E402
 from sim.errors import InputError  # noqa: E402
 from sim.units import GIB, MIB
 
@@ -341,8 +342,8 @@ def test_every_timed_replay_step_runs_right_after_a_settle(tmp_path, monkeypatch
     calls = _record_calls(monkeypatch)
     report = replay(results, fileformat.load(H200), repeats=3, verify_every=2, min_cache_bytes=SMALL_CACHE)
     assert len(report["per_step"]["step_id"]) == 8  # 4 steps, two ways
-    probes = len(report["host_probe"]["replay_us"])  # before and after the replay
-    assert probes == 2 and report["repeats"] == 3
+    probes = len(report["host_probe"]["replay_us"])  # before each way and after each quarter of its steps
+    assert probes == 2 * (PROBE_POINTS + 1) and report["repeats"] == 3
     assert _timed_runs_after_settle(calls) == 3 * 8 + probes * PROBE_REPS
 
 
@@ -369,8 +370,14 @@ def test_replay_compares_the_median_of_a_steps_runs_and_reports_their_noise(tmp_
     monkeypatch.setattr(Backend, "settle", lambda self: (settle(self), settled.append(True)))
     report = replay(results, calibration, repeats=3, verify_every=2, min_cache_bytes=SMALL_CACHE)
     per = pd.DataFrame(report["per_step"])
-    assert report["host_probe"] == {"calibration_us": 100.0, "replay_us": [150.0, 150.0]}
+    # three steps: each way reads the probe before its first step and after each step (fewer than PROBE_POINTS)
+    assert report["host_probe"] == {"calibration_us": 100.0, "replay_us": [150.0] * 2 * 4}
     assert report["host_drift"] == pytest.approx(0.5)
+    # the engines' way moved to the replay's host state: each call 50 / PROBE_COPIES us slower; gather unmoved
+    engines = per[per["way"] == "ce_sync"]
+    assert engines["host_adjusted_us"].tolist() == pytest.approx(
+        (engines["predicted_us"] + engines["calls"] * 50.0 / PROBE_COPIES).tolist())
+    assert per.loc[per["way"] == "gather", "host_adjusted_us"].isna().all()
     assert (per["measured_us"] == 20.0).all() and all(sorted(r) == [10.0, 20.0, 30.0] for r in per["runs_us"])
     assert {row["way"]: row["noise_floor"] for row in report["summary"]} == {"ce_sync": 0.5, "gather": 0.5}
     once = replay(results, fileformat.load(H200), repeats=1, verify_every=2, min_cache_bytes=SMALL_CACHE)
@@ -378,6 +385,23 @@ def test_replay_compares_the_median_of_a_steps_runs_and_reports_their_noise(tmp_
     assert once["host_drift"] is None  # h200.json predates the probe
     with pytest.raises(InputError, match="--repeats"):
         replay(results, fileformat.load(H200), repeats=0, min_cache_bytes=SMALL_CACHE)
+
+
+def test_a_steps_host_state_is_the_probe_interpolated_between_the_readings_around_it(tmp_path, monkeypatch):
+    """Known answer: the probe reads 100, 200, 300, ... us in turn; with four steps a way reads it before the
+    first step and after each one (PROBE_POINTS = 4), so step k of the first way lies between readings k and
+    k + 1: 150, 250, 350, 450 us; the second way's readings go on from 600."""
+    assert PROBE_POINTS == 4
+    readings = iter(range(100, 10_000, 100))
+    monkeypatch.setattr(Backend, "host_probe", lambda self, reps=PROBE_REPS: float(next(readings)))
+    calibration = {**fileformat.load(H200), "host_probe": {"through_sweep_us": [100.0]}}
+    report = replay(_results(tmp_path, steps=4), calibration, repeats=1, verify_every=2,
+                    min_cache_bytes=SMALL_CACHE)
+    per = pd.DataFrame(report["per_step"])
+    assert per["host_probe_us"].tolist() == [150.0, 250.0, 350.0, 450.0, 650.0, 750.0, 850.0, 950.0]
+    assert report["host_probe"]["replay_us"] == [100.0 * k for k in range(1, 11)]
+    by_way = {row["way"]: row["host_adjusted_median_error"] for row in report["summary"]}
+    assert by_way["ce_sync"] is not None and by_way["gather"] is None
 
 
 def test_calibration_file_records_the_host_probe():
@@ -420,7 +444,8 @@ def test_cli_replays_a_plan_with_runs_per_step_and_refuses_zero_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["repeats"] == 2 and report["steps"] == 2 and report["host_drift"] is None  # h200.json: no probe
-    assert len(report["host_probe"]["replay_us"]) == 2 and {r["way"] for r in report["summary"]} == {"ce_sync", "gather"}
+    assert len(report["host_probe"]["replay_us"]) == 2 * 3  # two steps a way: before the first, after each
+    assert {r["way"] for r in report["summary"]} == {"ce_sync", "gather"}
     assert_one_line_error(expertsim("calibrate", "--replay", results, "--calibration", H200, "--repeats", "0"),
                           "--repeats")
 

@@ -22,9 +22,11 @@ prediction for that step. The calibration predicts the median of a configuration
 `repeats` times, each on fresh random slots as the grid's repeats are, and the median of its times is what is
 compared; the report's `noise_floor` is how far one run of a step lies from that median (the median over all
 runs), the error a model of the median cannot go below when each step is timed once. The host probe
-(Backend.host_probe) is timed before and after the replay: `host_drift` is how much slower (+) or faster (-) the
-host's part of a copy was than while the calibration's grid was measured, the part of a replay's error that is
-the machine's state and not the model's. Some steps (the first two, then every `verify_every`-th) are
+(Backend.host_probe) is timed before each way and after each quarter of its steps: `host_drift` is how much
+slower (+) or faster (-) the host's part of a copy was than while the calibration's grid was measured, the part
+of a replay's error that is the machine's state and not the model's; where the calibration recorded its probe,
+`host_adjusted_median_error` compares the engines' way with its prediction moved to the replay's host state
+(host_adjusted). Some steps (the first two, then every `verify_every`-th) are
 verified: destinations poisoned, every byte compared with a host-side reference.
 """
 
@@ -39,7 +41,9 @@ import numpy as np
 import pandas as pd
 
 from sim.calibrate import cudaenv, fit
-from sim.calibrate.kernel import POISON, SIM_VARIANT, WORD, Backend, Variant
+from sim.calibrate.fileformat import plain_parameters, probe_us
+from sim.calibrate.kernel import POISON, PROBE_COPIES, SIM_VARIANT, WORD, Backend, Variant
+from sim.calibrate.sweep import PROBE_POINTS
 from sim.errors import InputError
 from sim.units import GIB, MIB
 
@@ -284,7 +288,7 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     if repeats < 1:
         raise InputError("replay", "--repeats", repeats, "runs of each step: at least 1")
     plan, summary, steps_frame = read_plan(results)
-    params = _plain(calibration)
+    params = plain_parameters(calibration)
     cudaenv.require_gpu()
     cuda_sim = cudaenv.simulating()
     free = None if cuda_sim else cudaenv.free_memory_bytes()
@@ -312,10 +316,13 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     records = []
     verified = 0
     t_start = time.perf_counter()
-    probes = [backend.host_probe()]
+    probes = []
+    checkpoints = {len(step_ids) * i // PROBE_POINTS for i in range(1, PROBE_POINTS + 1)}
     for way in ways:
         for sid in step_ids[:WARMUP_STEPS]:  # untimed: the first steps of a way load its code paths
             _prepare(backend, params, way, placement.step_descriptors(grouped[sid], rng))[0]()
+        way_probes = [(0, backend.host_probe())]
+        first_record = len(records)
         for idx, sid in enumerate(step_ids):
             times = []
             for r in range(repeats):
@@ -329,16 +336,36 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
             records.append({"way": way, "step_id": int(sid), "copies": int(sum(len(d) for _, d, _, _ in descs)),
                             "calls": int(n_calls), "bytes": int(n_bytes), "predicted_us": float(predicted),
                             "measured_us": float(np.median(times)), "runs_us": [float(t) for t in times]})
+            if idx + 1 in checkpoints:
+                way_probes.append((idx + 1, backend.host_probe()))
+        at, readings = zip(*way_probes)
+        # a step's host state: the probe interpolated between the readings before and after its part of the way
+        for idx, record in enumerate(records[first_record:]):
+            record["host_probe_us"] = float(np.interp(idx + 0.5, at, readings))
+        probes.extend(readings)
         log(f"replay {way}: {len(step_ids)} steps x {repeats} runs, {time.perf_counter() - t_start:.0f} s")
-    probes.append(backend.host_probe())
     frame = pd.DataFrame.from_records(records)
     frame["rel_error"] = fit.relative_errors(frame["predicted_us"], frame["measured_us"])
+    calibration_probe = probe_us(calibration)
+    if calibration_probe is not None:
+        frame["host_adjusted_us"] = host_adjusted(frame, calibration_probe)
+        frame["host_adjusted_error"] = fit.relative_errors(frame["host_adjusted_us"], frame["measured_us"])
     if steps_frame is not None and len(steps_frame) > int(frame["step_id"].max()):
         frame["phase"] = steps_frame["phase"].to_numpy()[frame["step_id"].to_numpy()]
     else:
         frame["phase"] = "all"
     return _report(frame, summary, calibration, results, verified, len(step_ids), repeats, probes, cuda_sim,
                    cudaenv.device_info()["name"])
+
+
+def host_adjusted(frame: pd.DataFrame, calibration_probe_us: float) -> pd.Series:
+    """The engines' way's prediction at the host state of the replay: the probe is PROBE_COPIES calls of the same
+    kind (a cudaMemcpyAsync and a sync each, a few KiB whose copy is all host and driver time), so a step of
+    `calls` such calls gains calls x (probe now - probe then) / PROBE_COPIES; measured on H200 I, whose probe rose
+    2.4 us a copy within its grid while the grid's ce_sync samples rose 1.9 us a copy (docs/calibration.md).
+    The gather way (one sync per step) is not adjusted: the probe does not time a kernel launch. NaN there."""
+    shift_us = frame["calls"] * (frame["host_probe_us"] - calibration_probe_us) / PROBE_COPIES
+    return (frame["predicted_us"] + shift_us).where(frame["way"] == "ce_sync")
 
 
 def _prepare(backend: Backend, params: dict, way: str, descs: list[tuple]):
@@ -366,16 +393,8 @@ def noise_floor(runs: pd.Series) -> float | None:
     return float(np.median(deviations)) if deviations else None
 
 
-def _plain(calibration: dict) -> dict:
-    from sim.calibrate.fileformat import plain_parameters
-
-    return plain_parameters(calibration)
-
-
 def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, verified: int, n_steps: int,
             repeats: int, probes: list[float], simulated: bool, device_name: str) -> dict:
-    from sim.calibrate.fileformat import probe_us
-
     calibration_probe = probe_us(calibration)
     rows = []
     for way, part in frame.groupby("way", sort=False):
@@ -384,8 +403,10 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
             parts += list(part.groupby("phase"))
         for phase, sub in parts:
             stats = fit.error_stats(sub["rel_error"])
+            adjusted = sub["host_adjusted_error"].dropna() if "host_adjusted_error" in sub else ()
             rows.append({"way": way, "phase": phase, "steps": int(len(sub)), "median_error": stats["median"],
                          "p95_error": stats["p95"], "max_error": stats["max"],
+                         "host_adjusted_median_error": fit.error_stats(adjusted)["median"],
                          "noise_floor": noise_floor(sub["runs_us"]),
                          "measured_s": float(sub["measured_us"].sum() / 1e6),
                          "predicted_s": float(sub["predicted_us"].sum() / 1e6)})
@@ -403,6 +424,7 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
         "verified_bytes": verified,
         "goal": "median relative error <= 0.10",
         "summary": rows,
-        "per_step": {c: frame[c].tolist() for c in ("way", "step_id", "phase", "copies", "calls", "bytes",
-                                                    "predicted_us", "measured_us", "runs_us", "rel_error")},
+        "per_step": {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()  # JSON has no NaN
+                     for c in ("way", "step_id", "phase", "copies", "calls", "bytes", "predicted_us", "measured_us",
+                               "runs_us", "rel_error", "host_probe_us", "host_adjusted_us") if c in frame},
     }
