@@ -773,7 +773,7 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="print the record as JSON only"),
 ):
     """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
-    from sim.explore.validate import load_cases, validate_cases, write_record
+    from sim.explore.validate import REPLAY_SPREAD_FILE, load_cases, replay_table, validate_cases, write_record
 
     if output is not None:
         claim_folder(output, force, "--output")
@@ -805,6 +805,8 @@ def validate(
                      f" of {t['prediction_rows_judged']} prediction figures within tolerance", shown,
                      ["case", "role", "figure", "predicted", "measured", "error", "ok",
                       *(["p10-p90", "why not in band"] if uncertainty else []), "out of domain"]))
+    _print(_table(f"GPU copy replay per machine: median relative error per step (recorded on H200s, "
+                  f"{REPLAY_SPREAD_FILE.name})", replay_table(record["gpu_replay"])))
 
 
 class PlotlyJs(str, Enum):

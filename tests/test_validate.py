@@ -160,3 +160,32 @@ def test_cli_validate_unknown_case_is_one_line():
                           text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--case: case = Z99: no such case" in proc.stderr
+
+
+def test_the_gpu_replay_is_reported_per_machine_with_its_own_and_anothers_calibration(tmp_path):
+    """Known answer on a three-replay record: machine X's replay with its own calibration (5 %, 12 % at the host
+    state it ran in) and with Y's (20 %); Y's only with its own (11 %): X meets the goal, Y does not."""
+    from sim.explore.validate import replay_by_machine, replay_table
+
+    def row(machine, calibration, error, adjusted=None):
+        return {"machine": f"{machine} (a test H200)", "calibration": calibration, "way": "ce_sync",
+                "timing": "settled", "median_error": error, "host_adjusted_median_error": adjusted}
+
+    spread = tmp_path / "spread.json"
+    spread.write_text(json.dumps({"rows": [row("X", "x.json (machine X, fresh)", 0.05, 0.12),
+                                           row("X", "y.json (machine Y)", 0.20),
+                                           row("Y", "y.json (machine Y)", 0.11)]}))
+    by_machine = {r["machine"]: r for r in replay_by_machine(spread)}
+    assert by_machine["X"]["own"] == [0.05] and by_machine["X"]["other"] == [0.20]
+    assert by_machine["X"]["host_adjusted"] == [0.12] and by_machine["X"]["own_within_goal"] is True
+    assert by_machine["Y"]["own"] == [0.11] and by_machine["Y"]["own_within_goal"] is False
+    shown = {r["machine"]: r for r in replay_table(list(by_machine.values()))}
+    assert shown["X"]["own calibration"] == "5.0 %" and shown["Y"]["own <= 10%"] == "no"
+
+
+def test_validate_reports_the_recorded_gpu_replays_of_every_machine():
+    from sim.explore.validate import REPLAY_SPREAD_FILE, replay_by_machine
+
+    recorded = json.loads(REPLAY_SPREAD_FILE.read_text())["rows"]
+    machines = {r["machine"].split(" (")[0] for r in recorded}
+    assert {r["machine"] for r in replay_by_machine()} == machines

@@ -17,7 +17,9 @@ nearer end, zero inside it.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +33,10 @@ from sim.outputs import dumps
 from sim.schema import Strict, read_toml, validate
 
 CASES_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
+# The GPU copy replay measured on several H200s (expertsim calibrate --replay; docs/calibration.md): validate runs
+# without a GPU, so it reports these recorded replays per machine rather than making new ones.
+REPLAY_SPREAD_FILE = CASES_DIR.parent / "hardware" / "calibration" / "h200-replay-spread.json"
+REPLAY_GOAL = 0.10  # the goal of a replay: a median relative error of at most 10 % (sim.calibrate.replay's report)
 SCHEMA = "expertsim.validation/1"
 # Tolerances (issue 11): a ratio between arms within 15 % of the measured ratio, a percentage within 10
 # points, an absolute figure within 25 %.
@@ -231,7 +237,7 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
         summary.append({**head, "expressible": True, "arms": len(case.arms),
                         "arm_rows": {name: _arm_figures(row) for name, row in arm_rows.items()}})
     return {"schema": SCHEMA, "rows": rows, "cases": summary, "totals": totals(rows, summary),
-            "provenance": provenance(cases)}
+            "gpu_replay": replay_by_machine(), "provenance": provenance(cases)}
 
 
 def _sample_arms(points: dict, n: int, seed: int, executor: str, workers: int | None) -> dict:
@@ -308,7 +314,8 @@ def provenance(cases: list[tuple[Path, Case]]) -> dict:
     from sim import __version__
     from sim.schema import sha256_file
 
-    return {"package_version": __version__, "cases": {case.id: sha256_file(path) for path, case in cases}}
+    return {"package_version": __version__, "cases": {case.id: sha256_file(path) for path, case in cases},
+            "gpu_replay": {REPLAY_SPREAD_FILE.name: sha256_file(REPLAY_SPREAD_FILE)}}
 
 
 def write_record(record: dict, out_dir: str | Path) -> dict:
@@ -327,6 +334,43 @@ def write_record(record: dict, out_dir: str | Path) -> dict:
     return {"json": str(out / "validation.json"), "parquet": str(out / "validation.parquet")}
 
 
+def replay_by_machine(spread_file: Path = REPLAY_SPREAD_FILE) -> list[dict]:
+    """The recorded GPU replays, one row per machine and way of copying: the median errors with the machine's own
+    calibration and with another machine's, at the replay's host state where the calibration recorded the probe,
+    and whether every replay with its own calibration met the goal (None where it has none)."""
+    rows = json.loads(Path(spread_file).read_text())["rows"]  # a committed record, not user input
+    out: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        machine = r["machine"].split(" (")[0]
+        calibrated_on = re.search(r"\(machine (\w+)", r["calibration"]).group(1)
+        row = out.setdefault((machine, r["way"], r["timing"]), {"machine": machine, "way": r["way"],
+                                                                "timing": r["timing"], "own": [], "other": [],
+                                                                "host_adjusted": []})
+        row["own" if calibrated_on == machine else "other"].append(r["median_error"])
+        if r.get("host_adjusted_median_error") is not None:
+            row["host_adjusted"].append(r["host_adjusted_median_error"])
+    for row in out.values():
+        row["own_within_goal"] = all(e <= REPLAY_GOAL for e in row["own"]) if row["own"] else None
+    return list(out.values())
+
+
+def percent_range(errors: list[float]) -> str:
+    """Median errors as the terminal and the docs show them: '' for none, '4.2 %', or '3.4-5.0 % (4 replays)'."""
+    if not errors:
+        return ""
+    if len(errors) == 1:
+        return f"{100 * errors[0]:.1f} %"
+    return f"{100 * min(errors):.1f}-{100 * max(errors):.1f} % ({len(errors)} replays)"
+
+
+def replay_table(rows: list[dict]) -> list[dict]:
+    """replay_by_machine's rows with their errors as text."""
+    verdict = {True: "yes", False: "no", None: "no own calibration"}
+    return [{"machine": r["machine"], "way": r["way"], "timing": r["timing"], "own calibration": percent_range(r["own"]),
+             "another's": percent_range(r["other"]), "at the replay's host state": percent_range(r["host_adjusted"]),
+             f"own <= {REPLAY_GOAL:.0%}": verdict[r["own_within_goal"]]} for r in rows]
+
+
 @lru_cache(maxsize=4)
 def validate_all(workers: int | None = None) -> dict:
     """Every case, once per process (the docs exhibit and the tests share it)."""
@@ -334,4 +378,4 @@ def validate_all(workers: int | None = None) -> dict:
 
 
 __all__ = ["CASES_DIR", "Case", "Measured", "TOLERANCE", "band_reason", "compare", "load_case", "load_cases",
-           "provenance", "totals", "validate_all", "validate_cases", "write_record"]
+           "percent_range", "provenance", "replay_by_machine", "replay_table", "totals", "validate_all", "validate_cases", "write_record"]

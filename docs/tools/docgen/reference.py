@@ -317,6 +317,14 @@ def replay_spread_table() -> str:
                  "lllrllrrrrrrrr")
 
 
+def validation_replay_table() -> str:
+    """The same replays per machine, as `expertsim validate` prints them (sim.explore.validate.replay_table)."""
+    from sim.explore.validate import replay_by_machine, replay_table
+
+    rows = replay_table(replay_by_machine())
+    return table(list(rows[0]), [list(r.values()) for r in rows], "lllrrrl")
+
+
 def ds4_reserve_table() -> str:
     rows = [[r["reserve_gib"], f"{r['q2_slots']:,}", f"{r['q4_slots']:,}", f"{100 * r['decode_hit_rate']:.1f} %",
              f"{r['decode_tok_s']:.1f}"] for r in exhibit("memory")["data"]["reserve"]]
@@ -480,7 +488,7 @@ def validation_bands_table() -> str:
             + table(["case", "figure", "predicted", "p10–p90", "measured", "in band", "why not"], rows, "llrrrll"))
 
 
-REGIONS = {"replay-spread": replay_spread_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
+REGIONS = {"replay-spread": replay_spread_table, "validation-replay": validation_replay_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
            "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,
