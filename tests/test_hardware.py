@@ -123,6 +123,21 @@ def test_windows_box_is_wddm_and_the_h200_uses_project_measurements():
     assert h200.ssd.max_request_kib.source.startswith("[H]")
 
 
+def test_the_h200s_calibrated_figures_span_every_h200_calibration():
+    """The H200 profile's per-call and copy-rate figures carry the machine-to-machine spread as their range: the
+    lowest and highest value any committed H200 calibration stands for (its simulator_profile), rounded outward."""
+    from sim.calibrate.fileformat import load, plain_parameters, simulator_profile
+
+    files = [f for f in (ROOT / "scenarios" / "hardware" / "calibration").glob("h200*.json") if "replay" not in f.name]
+    stands_for = [simulator_profile(plain_parameters(load(f))) for f in files]
+    assert len(stands_for) >= 10
+    profile = dict((path, q) for path, q in load_hardware("h200").quantities())
+    for key in ("latency.memcpy_call_us", "latency.device_sync_us", "pcie.copy_fixed_latency_us", "d2d.copy_gbps"):
+        values = [s[key] for s in stands_for]
+        low, high = profile[key].range
+        assert low <= min(values) < low + 0.01 * min(values) and high >= max(values) > high - 0.01 * max(values), key
+
+
 def test_ssd_table_interpolates_and_compute_matches_longest_prefix():
     p = load_hardware("h200")
     table = [(q.queue_depth, q.value) for q in p.ssd.read_gbps_by_queue_depth]
