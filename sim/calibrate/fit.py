@@ -29,6 +29,8 @@ TERMS = {
     "gather": ("fixed_us", "per_launch_us", "per_descriptor_us", "bytes"),
 }
 SAMPLE_COLUMNS = ("path", "way", "size_bytes", "n", "launches", "repeat", "wall_us", "enqueue_us")
+# The goal a replay of a copy plan is held to (issue 11): a median relative error per step of at most 10 %.
+REPLAY_GOAL_MEDIAN_ERROR = 0.10
 CONFIG = ["path", "way", "size_bytes", "n", "launches"]
 
 

@@ -422,7 +422,7 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
         "host_probe": {"calibration_us": calibration_probe, "replay_us": [round(p, 3) for p in probes]},
         "host_drift": None if calibration_probe is None else float(np.median(probes)) / calibration_probe - 1,
         "verified_bytes": verified,
-        "goal": "median relative error <= 0.10",
+        "goal": f"median relative error <= {fit.REPLAY_GOAL_MEDIAN_ERROR:.2f}",
         "summary": rows,
         "per_step": {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()  # JSON has no NaN
                      for c in ("way", "step_id", "phase", "copies", "calls", "bytes", "predicted_us", "measured_us",

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.calibrate.fit import REPLAY_GOAL_MEDIAN_ERROR
 from sim.engine.records import RECORDS
 from sim.errors import InputError
 from sim.explore.runner import METRICS, make_point, run_points
@@ -36,7 +37,6 @@ CASES_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
 # The GPU copy replay measured on several H200s (expertsim calibrate --replay; docs/calibration.md): validate runs
 # without a GPU, so it reports these recorded replays per machine rather than making new ones.
 REPLAY_SPREAD_FILE = CASES_DIR.parent / "hardware" / "calibration" / "h200-replay-spread.json"
-REPLAY_GOAL = 0.10  # the goal of a replay: a median relative error of at most 10 % (sim.calibrate.replay's report)
 SCHEMA = "expertsim.validation/1"
 # Tolerances (issue 11): a ratio between arms within 15 % of the measured ratio, a percentage within 10
 # points, an absolute figure within 25 %.
@@ -339,7 +339,7 @@ def replay_by_machine(spread_file: Path = REPLAY_SPREAD_FILE) -> list[dict]:
     calibration and with another machine's, at the replay's host state where the calibration recorded the probe,
     and whether every replay with its own calibration met the goal (None where it has none)."""
     rows = json.loads(Path(spread_file).read_text())["rows"]  # a committed record, not user input
-    out: dict[tuple[str, str], dict] = {}
+    out: dict[tuple[str, str, str], dict] = {}  # (machine, way, timing)
     for r in rows:
         machine = r["machine"].split(" (")[0]
         calibrated_on = re.search(r"\(machine (\w+)", r["calibration"]).group(1)
@@ -350,7 +350,7 @@ def replay_by_machine(spread_file: Path = REPLAY_SPREAD_FILE) -> list[dict]:
         if r.get("host_adjusted_median_error") is not None:
             row["host_adjusted"].append(r["host_adjusted_median_error"])
     for row in out.values():
-        row["own_within_goal"] = all(e <= REPLAY_GOAL for e in row["own"]) if row["own"] else None
+        row["own_within_goal"] = all(e <= REPLAY_GOAL_MEDIAN_ERROR for e in row["own"]) if row["own"] else None
     return list(out.values())
 
 
@@ -366,9 +366,10 @@ def percent_range(errors: list[float]) -> str:
 def replay_table(rows: list[dict]) -> list[dict]:
     """replay_by_machine's rows with their errors as text."""
     verdict = {True: "yes", False: "no", None: "no own calibration"}
-    return [{"machine": r["machine"], "way": r["way"], "timing": r["timing"], "own calibration": percent_range(r["own"]),
-             "another's": percent_range(r["other"]), "at the replay's host state": percent_range(r["host_adjusted"]),
-             f"own <= {REPLAY_GOAL:.0%}": verdict[r["own_within_goal"]]} for r in rows]
+    return [{"machine": r["machine"], "way": r["way"], "timing": r["timing"],
+             "own calibration": percent_range(r["own"]), "another's": percent_range(r["other"]),
+             "at the replay's host state": percent_range(r["host_adjusted"]),
+             f"own <= {REPLAY_GOAL_MEDIAN_ERROR:.0%}": verdict[r["own_within_goal"]]} for r in rows]
 
 
 @lru_cache(maxsize=4)
@@ -377,5 +378,6 @@ def validate_all(workers: int | None = None) -> dict:
     return validate_cases(load_cases(), workers=workers)
 
 
-__all__ = ["CASES_DIR", "Case", "Measured", "TOLERANCE", "band_reason", "compare", "load_case", "load_cases",
-           "percent_range", "provenance", "replay_by_machine", "replay_table", "totals", "validate_all", "validate_cases", "write_record"]
+__all__ = ["CASES_DIR", "REPLAY_SPREAD_FILE", "Case", "Measured", "TOLERANCE", "band_reason", "compare", "load_case",
+           "load_cases", "percent_range", "provenance", "replay_by_machine", "replay_table", "totals", "validate_all",
+           "validate_cases", "write_record"]

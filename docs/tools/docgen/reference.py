@@ -303,10 +303,12 @@ def replay_spread_table() -> str:
     """The GPU copy replay on several H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
     import json
 
+    from sim.explore.validate import REPLAY_SPREAD_FILE
+
     def percent(value, sign=""):
         return "" if value is None else f"{100 * value:{sign}.1f} %"
 
-    record = json.loads((ROOT / "scenarios" / "hardware" / "calibration" / "h200-replay-spread.json").read_text())
+    record = json.loads(REPLAY_SPREAD_FILE.read_text())
     rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], r["timing"], r["repeats"],
              percent(r["median_error"]), percent(r["p95_error"]), percent(r.get("noise_floor")),
              percent(r.get("host_drift"), "+"), percent(r.get("host_adjusted_median_error")),
