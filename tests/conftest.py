@@ -22,7 +22,8 @@ def require(module: str, reason: str):
 def profile_with(tmp_path: Path, base: str, name: str, changes: dict) -> Path:
     """A copy of scenarios/hardware/BASE.toml named NAME with some figures changed, written under tmp_path.
     `changes` maps a dotted key ("host.ram_gib") to a value or to a function of the old value; a table of
-    points (the SSD's) gets it applied to every point. The calibration file reference is dropped."""
+    points (the SSD's) gets it applied to every point. The calibration file reference is dropped, and so is a
+    changed figure's `range` (the range of the measured figure, which a changed value need not lie in)."""
     data = tomllib.loads((Path(__file__).resolve().parents[1] / "scenarios" / "hardware" / f"{base}.toml").read_text())
     data.pop("calibration", None)
     data["name"] = name
@@ -33,6 +34,8 @@ def profile_with(tmp_path: Path, base: str, name: str, changes: dict) -> Path:
             table = table[key]
         for quantity in table[leaf] if isinstance(table[leaf], list) else [table[leaf]]:
             quantity["value"] = value(quantity["value"]) if callable(value) else value
+            quantity.pop("range", None)
+            quantity.pop("range_source", None)
     path = tmp_path / f"{name}.toml"
     path.write_text(tomli_w.dumps(data))
     return path

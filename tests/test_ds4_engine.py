@@ -53,14 +53,14 @@ def test_slab_never_warms(slab):
     assert len(slab.summary["engine_state"]["notices"]) >= slab.timings["decode_tokens"].sum()
 
 
-@pytest.mark.xfail(strict=True, reason="simulated ~3.8 tok/s vs measured ~0.9 (+318 %): the model lacks the "
+@pytest.mark.xfail(strict=True, reason="simulated ~2.7 tok/s vs measured ~0.9 (+199 %): the model lacks the "
                    "cost that makes each slab rebuild take ~1 s; see docs/validation.md")
 def test_slab_decode_tok_s_within_35_percent(slab):
     error = relative_error(slab.summary["decode_tok_s"], MEASURED_SLAB_TOK_S)
     assert abs(error) <= TOK_S_TOLERANCE, f"simulated {slab.summary['decode_tok_s']:.2f} tok/s, error {error:+.0%}"
 
 
-@pytest.mark.xfail(strict=True, reason="simulated ratio ~6.5 (target >= 10) follows from the slab figure above")
+@pytest.mark.xfail(strict=True, reason="simulated ratio ~7.2 (target >= 10) follows from the slab figure above")
 def test_per_class_over_slab_decode_ratio_at_least_10(per_class, slab):
     assert per_class.summary["decode_tok_s"] / slab.summary["decode_tok_s"] >= 10
 
