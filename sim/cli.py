@@ -42,7 +42,7 @@ PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut,
 EXIT_BAD_INPUT = 2
 EXIT_POINTS_FAILED = 1  # a sweep that ran but where points failed: not bad input (2), not success
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
-REDELIVER_S = 0.01  # a Ctrl-C that lands in a finalizer is sent again this much later (see _interrupt)
+REDELIVER_S = 0.01  # a Ctrl-C that Python dropped is sent again this much later (see _install_ctrl_c)
 
 
 class Interrupted(BaseException):
@@ -51,15 +51,31 @@ class Interrupted(BaseException):
 
 
 def _interrupt(signum, frame):
-    # An exception that escapes a finalizer is printed and dropped by Python ("Exception ignored in ...
-    # __del__"): a Ctrl-C landing in one (llvmlite frees compiled objects in __del__ while numba compiles) would
-    # be lost and the command would run on. Deliver it again once the finalizer has returned.
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum)).start()
-            return
-        frame = frame.f_back
     raise Interrupted()
+
+
+def _install_ctrl_c():
+    """Ctrl-C raises Interrupted. Python prints and drops an exception that escapes a finalizer or a ctypes
+    callback ("Exception ignored in ..."), and llvmlite runs both while numba compiles (its objects' __del__, its
+    object-cache notify callback): a Ctrl-C landing in one would be lost and the command would run on. Python
+    hands every such exception to sys.unraisablehook, so an Interrupted that reaches it is delivered again once
+    that code has returned. Returns the function that puts the previous handler and hook back."""
+    previous_handler = signal.signal(signal.SIGINT, _interrupt)
+    previous_hook = sys.unraisablehook
+
+    def redeliver(unraisable):
+        if isinstance(unraisable.exc_value, Interrupted):
+            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGINT)).start()
+        else:
+            previous_hook(unraisable)
+
+    sys.unraisablehook = redeliver
+
+    def restore():
+        signal.signal(signal.SIGINT, previous_handler)
+        sys.unraisablehook = previous_hook
+
+    return restore
 
 
 def _version(value: bool) -> None:
@@ -843,7 +859,7 @@ def main() -> None:
     """The console script. Usage errors go through click's own standalone handling (the usage line, one
     message, exit 2), whichever copy of click typer carries; bad input is one line and exit 2; Ctrl-C is one
     line and exit 130."""
-    previous = signal.signal(signal.SIGINT, _interrupt)
+    restore_ctrl_c = _install_ctrl_c()
     try:
         app(prog_name="expertsim")
     except InputError as exc:
@@ -853,4 +869,4 @@ def main() -> None:
         typer.echo("expertsim: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        restore_ctrl_c()

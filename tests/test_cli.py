@@ -247,25 +247,35 @@ def test_ctrl_c_exits_130_with_one_line():
     assert all(line.startswith("bench [") for line in lines[:-1])  # the progress lines before it
 
 
-def test_ctrl_c_inside_a_finalizer_is_not_lost():
-    """Python drops an exception raised in __del__; the CLI's handler must deliver the interrupt after it. (A CI
-    run's bench, compiling numba code on a cold cache, took a Ctrl-C inside llvmlite's __del__ and ran on.)"""
+@pytest.mark.parametrize("dropped_in", ["finalizer", "ctypes callback"])
+def test_ctrl_c_that_python_drops_is_delivered_again(dropped_in):
+    """Python drops an exception raised in __del__ or in a ctypes callback; the CLI must deliver the interrupt
+    after it. (CI runs' bench, compiling numba code on a cold cache, took a Ctrl-C inside llvmlite's __del__ and,
+    another time, inside its object-cache callback, and ran on.)"""
+    lands_in = {
+        "finalizer": "class Freed:\n"
+                     "    def __del__(self):\n"
+                     "        land()\n"
+                     "Freed()\n",
+        "ctypes callback": "import ctypes\n"
+                           "ctypes.CFUNCTYPE(None)(land)()\n",
+    }[dropped_in]
     script = (
         "import os, signal, time\n"
-        "from sim.cli import Interrupted, _interrupt\n"
-        "signal.signal(signal.SIGINT, _interrupt)\n"
-        "class Freed:\n"
-        "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "        sum(range(100000))  # the handler runs here, inside the finalizer\n"
+        "from sim.cli import Interrupted, _install_ctrl_c\n"
+        "_install_ctrl_c()\n"
+        "def land():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    sum(range(100000))  # the handler runs here, where Python drops what it raises\n"
         "try:\n"
-        "    Freed()\n"
+        + "".join("    " + line + "\n" for line in lands_in.splitlines()) +
         "    time.sleep(5)\n"
         "    print('lost')\n"
         "except Interrupted:\n"
         "    print('interrupted')\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "interrupted", proc.stdout + proc.stderr
+    assert "Exception ignored" not in proc.stderr
 
 
 # --- strict JSON: what jq, a browser or any strict parser reads ------------------------------------
