@@ -42,7 +42,7 @@ PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut,
 EXIT_BAD_INPUT = 2
 EXIT_POINTS_FAILED = 1  # a sweep that ran but where points failed: not bad input (2), not success
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
-REDELIVER_S = 0.01  # a Ctrl-C that Python dropped is sent again this much later (see _install_ctrl_c)
+REDELIVER_S = 0.01  # a Ctrl-C that Python dropped is sent again this much later (see _CtrlC)
 
 
 class Interrupted(BaseException):
@@ -54,28 +54,36 @@ def _interrupt(signum, frame):
     raise Interrupted()
 
 
-def _install_ctrl_c():
-    """Ctrl-C raises Interrupted. Python prints and drops an exception that escapes a finalizer or a ctypes
-    callback ("Exception ignored in ..."), and llvmlite runs both while numba compiles (its objects' __del__, its
-    object-cache notify callback): a Ctrl-C landing in one would be lost and the command would run on. Python
-    hands every such exception to sys.unraisablehook, so an Interrupted that reaches it is delivered again once
-    that code has returned. Returns the function that puts the previous handler and hook back."""
-    previous_handler = signal.signal(signal.SIGINT, _interrupt)
-    previous_hook = sys.unraisablehook
+class _CtrlC:
+    """Ctrl-C raises Interrupted while installed. Python prints and drops an exception that escapes a finalizer or
+    a ctypes callback ("Exception ignored in ..."), and llvmlite runs both while numba compiles (its objects'
+    __del__, its object-cache notify callback): a Ctrl-C landing in one would be lost and the command would run
+    on. Python hands every such exception to sys.unraisablehook, so an Interrupted that reaches it is delivered
+    again once that code has returned, and `dropped` remembers it: the code it cut short may fail before then
+    (numba, its object never stored, raises "no compiled object yet"), and that failure is the interrupt's."""
 
-    def redeliver(unraisable):
-        if isinstance(unraisable.exc_value, Interrupted):
-            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGINT)).start()
-        else:
-            previous_hook(unraisable)
+    def __init__(self) -> None:
+        self.dropped = False
+        self._redelivery: threading.Timer | None = None
+        self._previous_handler = signal.signal(signal.SIGINT, _interrupt)
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._redeliver
 
-    sys.unraisablehook = redeliver
+    def _redeliver(self, unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            self._previous_hook(unraisable)
+            return
+        self.dropped = True
+        self._redelivery = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGINT))
+        self._redelivery.start()
 
-    def restore():
-        signal.signal(signal.SIGINT, previous_handler)
-        sys.unraisablehook = previous_hook
-
-    return restore
+    def restore(self) -> None:
+        """The previous handler and hook back; a redelivery not yet sent is not sent (it would reach the
+        interpreter's shutdown as a KeyboardInterrupt)."""
+        if self._redelivery is not None:
+            self._redelivery.cancel()
+        signal.signal(signal.SIGINT, self._previous_handler)
+        sys.unraisablehook = self._previous_hook
 
 
 def _version(value: bool) -> None:
@@ -859,7 +867,7 @@ def main() -> None:
     """The console script. Usage errors go through click's own standalone handling (the usage line, one
     message, exit 2), whichever copy of click typer carries; bad input is one line and exit 2; Ctrl-C is one
     line and exit 130."""
-    restore_ctrl_c = _install_ctrl_c()
+    ctrl_c = _CtrlC()
     try:
         app(prog_name="expertsim")
     except InputError as exc:
@@ -868,5 +876,10 @@ def main() -> None:
     except Interrupted:
         typer.echo("expertsim: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except Exception:
+        if not ctrl_c.dropped:
+            raise
+        typer.echo("expertsim: interrupted", err=True)  # what failed was cut short by the Ctrl-C (see _CtrlC)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
-        restore_ctrl_c()
+        ctrl_c.restore()
