@@ -50,10 +50,6 @@ class Interrupted(BaseException):
     ("Aborted!") or a silent exit 130 depending on their version, and commands need to say what was saved."""
 
 
-def _interrupt(signum, frame):
-    raise Interrupted()
-
-
 class _CtrlC:
     """Ctrl-C raises Interrupted while installed. Python prints and drops an exception that escapes a finalizer or
     a ctypes callback ("Exception ignored in ..."), and llvmlite runs both while numba compiles (its objects'
@@ -65,9 +61,13 @@ class _CtrlC:
     def __init__(self) -> None:
         self.dropped = False
         self._redelivery: threading.Timer | None = None
-        self._previous_handler = signal.signal(signal.SIGINT, _interrupt)
+        self._previous_handler = signal.signal(signal.SIGINT, self._interrupt)
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._redeliver
+
+    @staticmethod
+    def _interrupt(signum, frame):
+        raise Interrupted()
 
     def _redeliver(self, unraisable) -> None:
         if not isinstance(unraisable.exc_value, Interrupted):
@@ -873,13 +873,11 @@ def main() -> None:
     except InputError as exc:
         typer.echo(f"expertsim: error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    except Interrupted:
-        typer.echo("expertsim: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception:
-        if not ctrl_c.dropped:
+    except (Interrupted, Exception) as exc:
+        if not isinstance(exc, Interrupted) and not ctrl_c.dropped:
             raise
-        typer.echo("expertsim: interrupted", err=True)  # what failed was cut short by the Ctrl-C (see _CtrlC)
+        # a failure after a dropped Ctrl-C is the interrupt's: it cut that code short (see _CtrlC)
+        typer.echo("expertsim: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         ctrl_c.restore()
