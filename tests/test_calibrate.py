@@ -20,8 +20,11 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 from sim.calibrate import cudaenv, fileformat, fit  # noqa: E402
 from sim.calibrate.kernel import (MEMORIES, PROBE_COPIES, PROBE_REPS, Backend, Variant, random_plan, reference_apply,  # noqa: E402
                                   self_test)
-from sim.calibrate.replay import Placement, gather_launches, replay  # noqa: E402
+from sim.calibrate import replay as replay_module  # noqa: E402
+from sim.calibrate.replay import (ANCHOR_COPIES, Anchor, Placement, anchor_shifts, choose_anchors,  # noqa: E402
+                                  gather_launches, replay)
 from sim.calibrate.sweep import PROBE_POINTS  # noqa: E402
+from sim.calibrate.replay import PLAN_COLUMNS  # noqa: E402
 from sim.errors import InputError  # noqa: E402
 from sim.units import GIB, MIB
 
@@ -402,6 +405,67 @@ def test_a_steps_host_state_is_the_probe_interpolated_between_the_readings_aroun
     assert report["host_probe"]["replay_us"] == [100.0 * k for k in range(1, 11)]
     by_way = {row["way"]: row["host_adjusted_median_error"] for row in report["summary"]}
     assert by_way["ce_sync"] is not None and by_way["gather"] is None
+
+
+def test_anchors_are_the_grid_configurations_around_the_plans_mean_copy_size():
+    """Known answer: d2d copies average (3 x 2.0 + 1 x 4.4) / 4 = 2.6 MiB, between the grid's 2 and 3 MiB; h2d copies
+    of 20 MiB lie past the grid's largest (16 MiB), so its two largest sizes. Each anchor carries the median of the
+    calibration's own samples of it, read here from the file's rows without the package."""
+    plan = pd.DataFrame([(0, "D2D", 3, 2 * MIB, "slab", "staging"), (0, "D2D", 1, int(4.4 * MIB), "slab", "staging"),
+                         (1, "H2D", 2, 20 * MIB, "file", "slab")], columns=PLAN_COLUMNS)
+    calibration = fileformat.load(H200)
+    anchors = choose_anchors(plan, calibration)
+    expected = [(path, size * MIB, n) for path, sizes in (("d2d", (2, 3)), ("h2d", (12, 16)))
+                for size in sizes for n in ANCHOR_COPIES]
+    assert [(a.path, a.size_bytes, a.copies) for a in anchors] == expected
+    columns = calibration["samples"]["columns"]
+    rows = [dict(zip(columns, r)) for r in calibration["samples"]["rows"]]
+    for a in anchors:
+        times = [r["wall_us"] for r in rows if (r["path"], r["way"], r["size_bytes"], r["n"])
+                 == (a.path, "ce_sync", a.size_bytes, a.copies)]
+        assert len(times) >= 5 and a.calibration_us == pytest.approx(float(np.median(times)))
+    published = {k: v for k, v in calibration.items() if k != "samples"}
+    assert choose_anchors(plan, published) == []  # a file without samples has nothing to compare with
+
+
+def test_an_anchor_shift_is_the_line_through_the_moves_per_copy():
+    """Known answer: every copy takes 1.5 us more plus 2 us more a MiB (a slower call and a slower DMA rate)."""
+    anchors = [Anchor("h2d", size * MIB, n, 100.0 * n) for size in (2, 3) for n in ANCHOR_COPIES]
+    medians = [a.calibration_us + a.copies * (1.5 + 2.0 * a.size_bytes / MIB) for a in anchors]
+    per_copy, per_byte = anchor_shifts(anchors, medians)["h2d"]
+    assert per_copy == pytest.approx(1.5) and per_byte * MIB == pytest.approx(2.0)
+    one_size = [Anchor("d2d", 2 * MIB, n, 50.0) for n in (8, 16)]
+    assert anchor_shifts(one_size, [50.0 + 8 * 1.0, 50.0 + 16 * 3.0])["d2d"] == (2.0, 0.0)
+
+
+def test_the_engines_way_moves_by_the_anchors_timed_around_each_step(tmp_path, monkeypatch):
+    """Known answer: the anchors read 1 us a copy slower than the calibration's samples before the way, then 2, 3,
+    4, 5 us after each of its four steps, so step k lies halfway between readings: 1.5, 2.5, 3.5, 4.5 us a copy
+    more than predicted. The gather way is not moved; the report keeps every reading and its shift."""
+    readings = iter(range(1, 100))
+
+    def fake_time_anchors(backend, anchors, layout, rng):
+        slower = float(next(readings))
+        return [a.calibration_us + a.copies * slower for a in anchors]
+    monkeypatch.setattr(replay_module, "time_anchors", fake_time_anchors)
+    report = replay(_results(tmp_path, steps=4), fileformat.load(H200), repeats=1, verify_every=2,
+                    min_cache_bytes=SMALL_CACHE)
+    per = pd.DataFrame(report["per_step"])
+    engines = per[per["way"] == "ce_sync"]
+    assert engines["anchor_adjusted_us"].tolist() == pytest.approx(
+        (engines["predicted_us"] + engines["copies"] * np.array([1.5, 2.5, 3.5, 4.5])).tolist())
+    assert per.loc[per["way"] == "gather", "anchor_adjusted_us"].isna().all()
+    timed = report["host_anchors"]
+    assert len(timed["replay_us"]) == PROBE_POINTS + 1 and len(timed["configurations"]) == 2 * 3 * len(ANCHOR_COPIES)
+    assert [s["d2d"]["us_a_copy"] for s in timed["shifts"]] == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
+    by_way = {row["way"]: row["anchor_adjusted_median_error"] for row in report["summary"]}
+    assert by_way["ce_sync"] is not None and by_way["gather"] is None
+
+
+def test_anchors_that_the_simulators_arenas_cannot_hold_are_left_out(tmp_path):
+    report = replay(_results(tmp_path, steps=2), fileformat.load(H200), repeats=1, min_cache_bytes=SMALL_CACHE)
+    assert report["host_anchors"] is None
+    assert all(row["anchor_adjusted_median_error"] is None for row in report["summary"])
 
 
 def test_calibration_file_records_the_host_probe():

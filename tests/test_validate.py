@@ -163,24 +163,29 @@ def test_cli_validate_unknown_case_is_one_line():
 
 
 def test_the_gpu_replay_is_reported_per_machine_with_its_own_and_anothers_calibration(tmp_path):
-    """Known answer on a three-replay record: machine X's replay with its own calibration (5 %, 12 % at the host
-    state it ran in) and with Y's (20 %); Y's only with its own (11 %): X meets the goal, Y does not."""
+    """Known answer on a four-replay record: machine X's replay with its own calibration (5 %, 12 % at the host
+    state it ran in) and with Y's (20 %, 3 % with the anchors); Y's twice with its own (11 % and 11.02 %): X meets
+    the goal, Y does not."""
     from sim.explore.validate import replay_by_machine, replay_table
 
-    def row(machine, calibration, error, adjusted=None):
+    def row(machine, calibration, error, adjusted=None, anchored=None):
         return {"machine": f"{machine} (a test H200)", "calibration": calibration, "way": "ce_sync",
-                "timing": "settled", "median_error": error, "host_adjusted_median_error": adjusted}
+                "timing": "settled", "median_error": error, "host_adjusted_median_error": adjusted,
+                "anchor_adjusted_median_error": anchored}
 
     spread = tmp_path / "spread.json"
     spread.write_text(json.dumps({"rows": [row("X", "x.json (machine X, fresh)", 0.05, 0.12),
-                                           row("X", "y.json (machine Y)", 0.20),
-                                           row("Y", "y.json (machine Y)", 0.11)]}))
+                                           row("X", "y.json (machine Y)", 0.20, anchored=0.03),
+                                           row("Y", "y.json (machine Y)", 0.11),
+                                           row("Y", "y.json (machine Y)", 0.1102)]}))
     by_machine = {r["machine"]: r for r in replay_by_machine(spread)}
     assert by_machine["X"]["own"] == [0.05] and by_machine["X"]["other"] == [0.20]
     assert by_machine["X"]["host_adjusted"] == [0.12] and by_machine["X"]["own_within_goal"] is True
-    assert by_machine["Y"]["own"] == [0.11] and by_machine["Y"]["own_within_goal"] is False
+    assert by_machine["X"]["anchor_adjusted"] == [0.03] and by_machine["Y"]["anchor_adjusted"] == []
+    assert by_machine["Y"]["own"] == [0.11, 0.1102] and by_machine["Y"]["own_within_goal"] is False
     shown = {r["machine"]: r for r in replay_table(list(by_machine.values()))}
     assert shown["X"]["own calibration"] == "5.0 %" and shown["Y"]["own <= 10%"] == "no"
+    assert shown["X"]["with the anchors"] == "3.0 %" and shown["Y"]["own calibration"] == "11.0 % (2 replays)"
 
 
 def test_validate_reports_the_recorded_gpu_replays_of_every_machine():

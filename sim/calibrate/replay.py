@@ -26,7 +26,10 @@ runs), the error a model of the median cannot go below when each step is timed o
 slower (+) or faster (-) the host's part of a copy was than while the calibration's grid was measured, the part
 of a replay's error that is the machine's state and not the model's; where the calibration recorded its probe,
 `host_adjusted_median_error` compares the engines' way with its prediction moved to the replay's host state
-(host_adjusted). Some steps (the first two, then every `verify_every`-th) are
+(host_adjusted). At the same points the engines' way times its anchors (choose_anchors: some of the calibration
+grid's own configurations near the plan's copy sizes) and compares them with the calibration's samples of them:
+`anchor_adjusted_median_error` is the engines' way against its prediction moved by how far they moved
+(anchor_adjusted). Some steps (the first two, then every `verify_every`-th) are
 verified: destinations poisoned, every byte compared with a host-side reference.
 """
 
@@ -40,10 +43,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.calibrate import cudaenv, fit
-from sim.calibrate.fileformat import plain_parameters, probe_us
+from sim.calibrate import cudaenv, fit, sweep
+from sim.calibrate.fileformat import plain_parameters, probe_us, samples_frame
 from sim.calibrate.kernel import POISON, PROBE_COPIES, SIM_VARIANT, WORD, Backend, Variant
-from sim.calibrate.sweep import PROBE_POINTS
 from sim.errors import InputError
 from sim.units import GIB, MIB
 
@@ -58,6 +60,14 @@ WARMUP_STEPS = 3
 REPLAY_REPEATS = 3
 SIM_MAX_BYTES = 1 << 30  # Numba's simulator keeps the arenas in host memory and copies at Python speed
 SIM_MIN_CACHE_BYTES = {"dev": 1 << 20, "host": 1 << 20}  # the simulator has no L2 for sources to stay out of
+
+# Host-state anchors: the probe's 4 KiB copies moved less than the grid's MiB copies did on a host loaded by other
+# processes (H200 Q, 8 memory-copy processes through its calibration: probe +0.9 us a copy, the ce_sync grid's
+# per-copy cost +1.7-1.9 us and h2d 55 -> 43 GB/s; docs/calibration.md), so the engines' way also times some of
+# the grid's own configurations near the plan's copy sizes, as the grid timed them, and compares them with the
+# calibration's samples of the same configurations.
+ANCHOR_COPIES = (8, 16, 32)  # copies per anchor step: grid points of sweep.DEFAULT_EXPERTS
+ANCHOR_RUNS = sweep.SMALL_STEP_REPEATS * sweep.DEFAULT_REPEATS  # the most runs the grid gave a configuration
 
 
 def read_plan(results: str | Path) -> tuple[pd.DataFrame, dict, pd.DataFrame | None]:
@@ -303,7 +313,8 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
         # kernels (its unroll) on the simulator's small blocks copy the same bytes, minutes sooner
         variants = {p: replace(v, threads=SIM_VARIANT.threads, blocks_per_sm=SIM_VARIANT.blocks_per_sm)
                     for p, v in variants.items()}
-    backend = Backend(dev_words=max(placement.words["dev"], 1024), host_words=max(placement.words["host"], 1024),
+    dev_words, host_words = max(placement.words["dev"], 1024), max(placement.words["host"], 1024)
+    backend = Backend(dev_words=dev_words, host_words=host_words,
                       variants=variants, launch_mode=kernel.get("launch_mode") or "raw",
                       desc_in=kernel.get("desc_in") or "device")
     rng = np.random.default_rng(seed)
@@ -317,11 +328,22 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     verified = 0
     t_start = time.perf_counter()
     probes = []
-    checkpoints = {len(step_ids) * i // PROBE_POINTS for i in range(1, PROBE_POINTS + 1)}
+    anchors = choose_anchors(plan, calibration) if "ce_sync" in ways else []
+    half = dev_words // 2 // SLOT_ALIGN_WORDS * SLOT_ALIGN_WORDS  # the grid's layout: a slab, then staging
+    anchor_layout = sweep.Layout(half, dev_words - half, host_words)
+    anchor_rng = np.random.default_rng([seed, 1])  # its own stream: the steps get the slots they got without anchors
+    anchor_readings: list[tuple[int, list[float]]] = []
+    checkpoints = {len(step_ids) * i // sweep.PROBE_POINTS for i in range(1, sweep.PROBE_POINTS + 1)}
     for way in ways:
         for sid in step_ids[:WARMUP_STEPS]:  # untimed: the first steps of a way load its code paths
             _prepare(backend, params, way, placement.step_descriptors(grouped[sid], rng))[0]()
         way_probes = [(0, backend.host_probe())]
+        timing_anchors = way == "ce_sync" and bool(anchors)
+        if timing_anchors:
+            first = time_anchors(backend, anchors, anchor_layout, anchor_rng)
+            anchors = anchors if first is not None else []
+            timing_anchors = first is not None
+            anchor_readings = [(0, first)] if timing_anchors else []
         first_record = len(records)
         for idx, sid in enumerate(step_ids):
             times = []
@@ -333,11 +355,18 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
                 backend.settle()
                 times.append(run().wall_us)
             n_bytes = sum(int(d[:, 2].sum()) for _, d, _, _ in descs) * WORD
+            by_path: dict[str, tuple[int, int]] = {}
+            for path, d, _, _ in descs:
+                copies, total = by_path.get(path, (0, 0))
+                by_path[path] = (copies + len(d), total + int(d[:, 2].sum()) * WORD)
             records.append({"way": way, "step_id": int(sid), "copies": int(sum(len(d) for _, d, _, _ in descs)),
                             "calls": int(n_calls), "bytes": int(n_bytes), "predicted_us": float(predicted),
-                            "measured_us": float(np.median(times)), "runs_us": [float(t) for t in times]})
+                            "measured_us": float(np.median(times)), "runs_us": [float(t) for t in times],
+                            "by_path": by_path})
             if idx + 1 in checkpoints:
                 way_probes.append((idx + 1, backend.host_probe()))
+                if timing_anchors:
+                    anchor_readings.append((idx + 1, time_anchors(backend, anchors, anchor_layout, anchor_rng)))
         at, readings = zip(*way_probes)
         # a step's host state: the probe interpolated between the readings before and after its part of the way
         for idx, record in enumerate(records[first_record:]):
@@ -350,12 +379,14 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     if calibration_probe is not None:
         frame["host_adjusted_us"] = host_adjusted(frame, calibration_probe)
         frame["host_adjusted_error"] = fit.relative_errors(frame["host_adjusted_us"], frame["measured_us"])
+    frame["anchor_adjusted_us"] = anchor_adjusted(frame, anchors, anchor_readings)
+    frame["anchor_adjusted_error"] = fit.relative_errors(frame["anchor_adjusted_us"], frame["measured_us"])
     if steps_frame is not None and len(steps_frame) > int(frame["step_id"].max()):
         frame["phase"] = steps_frame["phase"].to_numpy()[frame["step_id"].to_numpy()]
     else:
         frame["phase"] = "all"
-    return _report(frame, summary, calibration, results, verified, len(step_ids), repeats, probes, cuda_sim,
-                   cudaenv.device_info()["name"])
+    return _report(frame, summary, calibration, results, verified, len(step_ids), repeats, probes,
+                   (anchors, anchor_readings), cuda_sim, cudaenv.device_info()["name"])
 
 
 def host_adjusted(frame: pd.DataFrame, calibration_probe_us: float) -> pd.Series:
@@ -366,6 +397,100 @@ def host_adjusted(frame: pd.DataFrame, calibration_probe_us: float) -> pd.Series
     The gather way (one sync per step) is not adjusted: the probe does not time a kernel launch. NaN there."""
     shift_us = frame["calls"] * (frame["host_probe_us"] - calibration_probe_us) / PROBE_COPIES
     return (frame["predicted_us"] + shift_us).where(frame["way"] == "ce_sync")
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A configuration of the calibration's grid that the replay times again: `copies` copies of `size_bytes` on
+    `path`, the engines' way (a sync after each)."""
+
+    path: str
+    size_bytes: int
+    copies: int
+    calibration_us: float  # the median of the calibration's samples of it
+
+
+def choose_anchors(plan: pd.DataFrame, calibration: dict) -> list[Anchor]:
+    """Per path of the plan, the grid's two sizes around the plan's mean copy size on that path (weighted by copies)
+    x ANCHOR_COPIES, each with the median of the calibration's samples; [] where the calibration has no samples of
+    one of them (a published file, a narrower grid)."""
+    if "samples" not in calibration:
+        return []
+    samples = samples_frame(calibration)
+    engines_way = samples[samples["way"] == "ce_sync"]
+    plan = plan[plan["count"] > 0]
+    anchors = []
+    for path, rows in plan.groupby(plan["kind"].map(KIND_PATH), sort=True):
+        mean_bytes = float(np.average(rows["bytes_each"], weights=rows["count"]))
+        on_path = engines_way[engines_way["path"] == path]
+        sizes = np.sort(on_path["size_bytes"].unique())
+        if not len(sizes):
+            return []
+        low = int(np.clip(np.searchsorted(sizes, mean_bytes) - 1, 0, max(len(sizes) - 2, 0)))
+        for size in sizes[low:low + 2]:
+            for copies in ANCHOR_COPIES:
+                times = on_path.loc[(on_path["size_bytes"] == size) & (on_path["n"] == copies), "wall_us"]
+                if times.empty:
+                    return []
+                anchors.append(Anchor(path, int(size), copies, float(times.median())))
+    return anchors
+
+
+def time_anchors(backend: Backend, anchors: list[Anchor], layout: sweep.Layout, rng) -> list[float] | None:
+    """Each anchor's median host time over ANCHOR_RUNS runs, each on fresh random slots and timed right after a
+    settle, as the grid timed its samples; None where the arenas cannot hold one (Numba's simulator)."""
+    medians = []
+    for anchor in anchors:
+        times = []
+        for _ in range(ANCHOR_RUNS):
+            try:
+                desc = sweep.sample_descriptors(rng, layout, anchor.path, anchor.size_bytes, anchor.copies)
+            except InputError:
+                return None
+            step = backend.ce_step(anchor.path, desc[:, 0], desc[:, 1], desc[:, 2])
+            backend.settle()
+            times.append(backend.run_ce(step, sync_each=True).wall_us)
+        medians.append(float(np.median(times)))
+    return medians
+
+
+def anchor_shifts(anchors: list[Anchor], medians: list[float]) -> dict[str, tuple[float, float]]:
+    """Per path, how much a copy's host time moved since the calibration: (us a copy, us a byte), the line through
+    the anchors' moves per copy against their copy size (the grid's two terms that a host state moves: the call,
+    and the DMA rate out of or into host memory). One size: the mean move a copy, nothing a byte."""
+    out = {}
+    for path in sorted({a.path for a in anchors}):
+        pairs = [(a.size_bytes, (m - a.calibration_us) / a.copies) for a, m in zip(anchors, medians) if a.path == path]
+        sizes, moves = (np.array(v, float) for v in zip(*pairs))
+        if len(np.unique(sizes)) < 2:
+            out[path] = (float(moves.mean()), 0.0)
+        else:
+            per_byte, per_copy = np.polyfit(sizes, moves, 1)
+            out[path] = (float(per_copy), float(per_byte))
+    return out
+
+
+def anchor_adjusted(frame: pd.DataFrame, anchors: list[Anchor], readings: list[tuple[int, list[float]]]) -> pd.Series:
+    """The engines' way's prediction moved by the anchors' shifts at each step's place in the way (interpolated
+    between the readings around it, as the probe is): copies x (us a copy) + bytes x (us a byte) per path. NaN for
+    the gather way, and where no anchor was timed."""
+    engines = frame["way"] == "ce_sync"
+    out = pd.Series(np.nan, index=frame.index)
+    if not anchors or not readings or not engines.any():
+        return out
+    at = [k for k, _ in readings]
+    shifts = [anchor_shifts(anchors, medians) for _, medians in readings]
+    position = np.arange(int(engines.sum())) + 0.5
+    moved = frame.loc[engines, "predicted_us"].to_numpy(float).copy()
+    by_path = frame.loc[engines, "by_path"].tolist()
+    for path in shifts[0]:
+        per_copy = np.interp(position, at, [s[path][0] for s in shifts])
+        per_byte = np.interp(position, at, [s[path][1] for s in shifts])
+        copies = np.array([b.get(path, (0, 0))[0] for b in by_path], float)
+        n_bytes = np.array([b.get(path, (0, 0))[1] for b in by_path], float)
+        moved += copies * per_copy + n_bytes * per_byte
+    out[engines] = moved
+    return out
 
 
 def _prepare(backend: Backend, params: dict, way: str, descs: list[tuple]):
@@ -394,7 +519,7 @@ def noise_floor(runs: pd.Series) -> float | None:
 
 
 def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, verified: int, n_steps: int,
-            repeats: int, probes: list[float], simulated: bool, device_name: str) -> dict:
+            repeats: int, probes: list[float], timed_anchors: tuple, simulated: bool, device_name: str) -> dict:
     calibration_probe = probe_us(calibration)
     rows = []
     for way, part in frame.groupby("way", sort=False):
@@ -404,9 +529,11 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
         for phase, sub in parts:
             stats = fit.error_stats(sub["rel_error"])
             adjusted = sub["host_adjusted_error"].dropna() if "host_adjusted_error" in sub else ()
+            anchored = sub["anchor_adjusted_error"].dropna()
             rows.append({"way": way, "phase": phase, "steps": int(len(sub)), "median_error": stats["median"],
                          "p95_error": stats["p95"], "max_error": stats["max"],
                          "host_adjusted_median_error": fit.error_stats(adjusted)["median"],
+                         "anchor_adjusted_median_error": fit.error_stats(anchored)["median"],
                          "noise_floor": noise_floor(sub["runs_us"]),
                          "measured_s": float(sub["measured_us"].sum() / 1e6),
                          "predicted_s": float(sub["predicted_us"].sum() / 1e6)})
@@ -421,10 +548,17 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
         "repeats": repeats,
         "host_probe": {"calibration_us": calibration_probe, "replay_us": [round(p, 3) for p in probes]},
         "host_drift": None if calibration_probe is None else float(np.median(probes)) / calibration_probe - 1,
+        "host_anchors": None if not timed_anchors[1] else {
+            "configurations": [vars(a) for a in timed_anchors[0]],
+            "replay_us": [[round(m, 3) for m in medians] for _, medians in timed_anchors[1]],
+            "shifts": [{path: {"us_a_copy": round(c, 4), "us_a_mib": round(b * MIB, 4)}
+                        for path, (c, b) in anchor_shifts(timed_anchors[0], medians).items()}
+                       for _, medians in timed_anchors[1]]},
         "verified_bytes": verified,
         "goal": f"median relative error <= {fit.REPLAY_GOAL_MEDIAN_ERROR:.2f}",
         "summary": rows,
         "per_step": {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()  # JSON has no NaN
                      for c in ("way", "step_id", "phase", "copies", "calls", "bytes", "predicted_us", "measured_us",
-                               "runs_us", "rel_error", "host_probe_us", "host_adjusted_us") if c in frame},
+                               "runs_us", "rel_error", "host_probe_us", "host_adjusted_us", "anchor_adjusted_us")
+                     if c in frame},
     }

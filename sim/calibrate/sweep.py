@@ -147,6 +147,9 @@ def sample_descriptors(rng, layout: Layout, path: str, size_bytes: int, n: int) 
     sw = _slot_words(size_bytes)
     if path == "d2d":
         src = random_slots(rng, layout.slab_words, sw, n)
+        if n * sw > layout.staging_words:
+            raise InputError("calibrate", "staging", f"{n} x {sw * WORD} bytes",
+                             f"the staging region holds only {layout.staging_words // sw} such slots")
         dst = layout.staging_at + np.arange(n, dtype=np.int64) * sw
     elif path == "h2d":
         src = random_slots(rng, layout.host_words, sw, n)

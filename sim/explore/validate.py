@@ -337,7 +337,8 @@ def write_record(record: dict, out_dir: str | Path) -> dict:
 def replay_by_machine(spread_file: Path = REPLAY_SPREAD_FILE) -> list[dict]:
     """The recorded GPU replays, one row per machine and way of copying: the median errors with the machine's own
     calibration and with another machine's, at the replay's host state where the calibration recorded the probe,
-    and whether every replay with its own calibration met the goal (None where it has none)."""
+    moved by the anchors where the replay timed them, and whether every replay with its own calibration met the
+    goal (None where it has none)."""
     rows = json.loads(Path(spread_file).read_text())["rows"]  # a committed record, not user input
     out: dict[tuple[str, str, str], dict] = {}  # (machine, way, timing)
     for r in rows:
@@ -345,22 +346,26 @@ def replay_by_machine(spread_file: Path = REPLAY_SPREAD_FILE) -> list[dict]:
         calibrated_on = re.search(r"\(machine (\w+)", r["calibration"]).group(1)
         row = out.setdefault((machine, r["way"], r["timing"]), {"machine": machine, "way": r["way"],
                                                                 "timing": r["timing"], "own": [], "other": [],
-                                                                "host_adjusted": []})
+                                                                "host_adjusted": [], "anchor_adjusted": []})
         row["own" if calibrated_on == machine else "other"].append(r["median_error"])
         if r.get("host_adjusted_median_error") is not None:
             row["host_adjusted"].append(r["host_adjusted_median_error"])
+        if r.get("anchor_adjusted_median_error") is not None:
+            row["anchor_adjusted"].append(r["anchor_adjusted_median_error"])
     for row in out.values():
         row["own_within_goal"] = all(e <= REPLAY_GOAL_MEDIAN_ERROR for e in row["own"]) if row["own"] else None
     return list(out.values())
 
 
 def percent_range(errors: list[float]) -> str:
-    """Median errors as the terminal and the docs show them: '' for none, '4.2 %', or '3.4-5.0 % (4 replays)'."""
+    """Median errors as the terminal and the docs show them: '' for none, '4.2 %', '6.3 % (2 replays)' where they
+    print alike, or '3.4-5.0 % (4 replays)'."""
     if not errors:
         return ""
+    low, high = f"{100 * min(errors):.1f}", f"{100 * max(errors):.1f}"
     if len(errors) == 1:
-        return f"{100 * errors[0]:.1f} %"
-    return f"{100 * min(errors):.1f}-{100 * max(errors):.1f} % ({len(errors)} replays)"
+        return f"{low} %"
+    return f"{low} % ({len(errors)} replays)" if low == high else f"{low}-{high} % ({len(errors)} replays)"
 
 
 def replay_table(rows: list[dict]) -> list[dict]:
@@ -369,6 +374,7 @@ def replay_table(rows: list[dict]) -> list[dict]:
     return [{"machine": r["machine"], "way": r["way"], "timing": r["timing"],
              "own calibration": percent_range(r["own"]), "another's": percent_range(r["other"]),
              "at the replay's host state": percent_range(r["host_adjusted"]),
+             "with the anchors": percent_range(r["anchor_adjusted"]),
              f"own <= {REPLAY_GOAL_MEDIAN_ERROR:.0%}": verdict[r["own_within_goal"]]} for r in rows]
 
 

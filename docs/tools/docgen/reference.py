@@ -312,11 +312,31 @@ def replay_spread_table() -> str:
     rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], r["timing"], r["repeats"],
              percent(r["median_error"]), percent(r["p95_error"]), percent(r.get("noise_floor")),
              percent(r.get("host_drift"), "+"), percent(r.get("host_adjusted_median_error")),
-             f"{r['measured_s']:.2f} s", f"{r['predicted_s']:.2f} s"]
+             percent(r.get("anchor_adjusted_median_error")), f"{r['measured_s']:.2f} s", f"{r['predicted_s']:.2f} s"]
             for r in record["rows"]]
     return table(["machine", "calibration", "seed", "steps", "way", "timing", "runs", "median error", "p95 error",
-                  "noise floor", "host drift", "at the replay's host state", "measured", "predicted"], rows,
-                 "lllrllrrrrrrrr")
+                  "noise floor", "host drift", "at the replay's host state", "with the anchors", "measured",
+                  "predicted"], rows, "lllrllrrrrrrrrr")
+
+
+def replay_host_load_table() -> str:
+    """The host-state experiment: calibrations under a host load and settled, replayed settled and under load
+    (scenarios/hardware/calibration/h200-replay-host-load.json)."""
+    import json
+
+    from sim.explore.validate import REPLAY_SPREAD_FILE
+
+    def percent(value):
+        return "" if value is None else f"{100 * value:.1f} %"
+
+    record = json.loads((REPLAY_SPREAD_FILE.parent / "h200-replay-host-load.json").read_text())
+    rows = [[r["machine"], r["calibration"], r["calibrated"], r["replayed"], r["seed"], percent(r["median_error"]),
+             percent(r["host_adjusted_median_error"]), percent(r["anchor_adjusted_median_error"]),
+             f"{r['measured_s']:.2f} s", f"{r['predicted_s']:.2f} s"]
+            for r in record["rows"] if r["way"] == "ce_sync"]
+    return table(["machine", "calibration", "calibrated", "replayed", "seed", "median error",
+                  "at the replay's host state (probe)", "with the anchors", "measured", "predicted"], rows,
+                 "llllrrrrrr")
 
 
 def validation_replay_table() -> str:
@@ -324,7 +344,7 @@ def validation_replay_table() -> str:
     from sim.explore.validate import replay_by_machine, replay_table
 
     rows = replay_table(replay_by_machine())
-    return table(list(rows[0]), [list(r.values()) for r in rows], "lllrrrl")
+    return table(list(rows[0]), [list(r.values()) for r in rows], "lllrrrrl")
 
 
 def ds4_reserve_table() -> str:
@@ -490,7 +510,7 @@ def validation_bands_table() -> str:
             + table(["case", "figure", "predicted", "p10–p90", "measured", "in band", "why not"], rows, "llrrrll"))
 
 
-REGIONS = {"replay-spread": replay_spread_table, "validation-replay": validation_replay_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
+REGIONS = {"replay-spread": replay_spread_table, "replay-host-load": replay_host_load_table, "validation-replay": validation_replay_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
            "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,
