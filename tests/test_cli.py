@@ -278,31 +278,19 @@ def test_ctrl_c_that_python_drops_is_delivered_again(dropped_in):
     assert "Exception ignored" not in proc.stderr
 
 
-def test_a_failure_left_by_a_dropped_ctrl_c_is_reported_as_the_interrupt():
+@pytest.mark.parametrize("terminal", ["fast", "slow"])
+def test_a_failure_left_by_a_dropped_ctrl_c_is_reported_as_the_interrupt(terminal):
     """A Ctrl-C dropped inside a library's callback leaves the library's work cut short, and it may fail before the
     interrupt comes again (a CI run's bench: numba raised "no compiled object yet" after its object-cache callback
-    was interrupted, and the command ended with a traceback and exit 1). The command ends as interrupted."""
-    script = (
-        "import ctypes, os, signal\n"
-        "import sim.cli as cli\n"
-        "def app(prog_name):\n"
-        "    def land():\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "        sum(range(100000))\n"
-        "    ctypes.CFUNCTYPE(None)(land)()\n"
-        "    raise RuntimeError('left half done by the interrupt')\n"
-        "cli.app = app\n"
-        "cli.main()\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 130, proc.stderr
-    assert proc.stderr.strip().splitlines() == ["expertsim: interrupted"], proc.stderr
-
-
-def test_a_ctrl_c_delivered_again_while_the_command_ends_is_not_raised_there():
-    """The redelivery of a dropped Ctrl-C can come while the command is already ending because of it (here while
-    main reports it: a slow terminal). Raised there it would end the command with a traceback, and one that came
-    after the handlers were put back would reach the interpreter's shutdown as a KeyboardInterrupt (a sweep's
-    Ctrl-C test once ended in concurrent.futures' exit hook that way)."""
+    was interrupted, and the command ended with a traceback and exit 1). The command ends as interrupted. With a
+    slow terminal the redelivery comes while main reports the interrupt: raised there it would end the command
+    with a traceback, and one that came after the handlers were put back would reach the interpreter's shutdown
+    as a KeyboardInterrupt (a sweep's Ctrl-C test once ended in concurrent.futures' exit hook that way)."""
+    slow_terminal = ("echo = cli.typer.echo\n"
+                     "def slow_echo(*args, **kwargs):\n"
+                     "    time.sleep(30 * cli.REDELIVER_S)\n"
+                     "    echo(*args, **kwargs)\n"
+                     "cli.typer.echo = slow_echo\n")
     script = (
         "import ctypes, os, signal, time\n"
         "import sim.cli as cli\n"
@@ -312,12 +300,8 @@ def test_a_ctrl_c_delivered_again_while_the_command_ends_is_not_raised_there():
         "        sum(range(100000))\n"
         "    ctypes.CFUNCTYPE(None)(land)()\n"
         "    raise RuntimeError('left half done by the interrupt')\n"
-        "echo = cli.typer.echo\n"
-        "def slow_echo(*args, **kwargs):\n"
-        "    time.sleep(30 * cli.REDELIVER_S)  # the redelivery comes while main reports the interrupt\n"
-        "    echo(*args, **kwargs)\n"
         "cli.app = app\n"
-        "cli.typer.echo = slow_echo\n"
+        + (slow_terminal if terminal == "slow" else "") +
         "cli.main()\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130, proc.stderr
