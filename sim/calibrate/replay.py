@@ -338,10 +338,9 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
         for sid in step_ids[:WARMUP_STEPS]:  # untimed: the first steps of a way load its code paths
             _prepare(backend, params, way, placement.step_descriptors(grouped[sid], rng))[0]()
         way_probes = [(0, backend.host_probe())]
-        timing_anchors = way == "ce_sync" and bool(anchors)
-        if timing_anchors:
+        timing_anchors = False
+        if way == "ce_sync" and anchors:
             first = time_anchors(backend, anchors, anchor_layout, anchor_rng)
-            anchors = anchors if first is not None else []
             timing_anchors = first is not None
             anchor_readings = [(0, first)] if timing_anchors else []
         first_record = len(records)
@@ -354,13 +353,13 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
                     verified += verify(backend, descs, run)
                 backend.settle()
                 times.append(run().wall_us)
-            n_bytes = sum(int(d[:, 2].sum()) for _, d, _, _ in descs) * WORD
-            by_path: dict[str, tuple[int, int]] = {}
+            by_path: dict[str, tuple[int, int]] = {}  # path -> (copies, bytes)
             for path, d, _, _ in descs:
                 copies, total = by_path.get(path, (0, 0))
                 by_path[path] = (copies + len(d), total + int(d[:, 2].sum()) * WORD)
-            records.append({"way": way, "step_id": int(sid), "copies": int(sum(len(d) for _, d, _, _ in descs)),
-                            "calls": int(n_calls), "bytes": int(n_bytes), "predicted_us": float(predicted),
+            records.append({"way": way, "step_id": int(sid), "copies": sum(c for c, _ in by_path.values()),
+                            "calls": int(n_calls), "bytes": sum(b for _, b in by_path.values()),
+                            "predicted_us": float(predicted),
                             "measured_us": float(np.median(times)), "runs_us": [float(t) for t in times],
                             "by_path": by_path})
             if idx + 1 in checkpoints:
@@ -379,14 +378,20 @@ def replay(results: str | Path, calibration: dict, *, max_steps: int | None = No
     if calibration_probe is not None:
         frame["host_adjusted_us"] = host_adjusted(frame, calibration_probe)
         frame["host_adjusted_error"] = fit.relative_errors(frame["host_adjusted_us"], frame["measured_us"])
-    frame["anchor_adjusted_us"] = anchor_adjusted(frame, anchors, anchor_readings)
+    shift_readings = [(at, anchor_shifts(anchors, medians)) for at, medians in anchor_readings]
+    frame["anchor_adjusted_us"] = anchor_adjusted(frame, shift_readings)
     frame["anchor_adjusted_error"] = fit.relative_errors(frame["anchor_adjusted_us"], frame["measured_us"])
     if steps_frame is not None and len(steps_frame) > int(frame["step_id"].max()):
         frame["phase"] = steps_frame["phase"].to_numpy()[frame["step_id"].to_numpy()]
     else:
         frame["phase"] = "all"
-    return _report(frame, summary, calibration, results, verified, len(step_ids), repeats, probes,
-                   (anchors, anchor_readings), cuda_sim, cudaenv.device_info()["name"])
+    host_anchors = None if not anchor_readings else {
+        "configurations": [vars(a) for a in anchors],
+        "replay_us": [[round(m, 3) for m in medians] for _, medians in anchor_readings],
+        "shifts": [{path: {"us_a_copy": round(c, 4), "us_a_mib": round(b * MIB, 4)} for path, (c, b) in shift.items()}
+                   for _, shift in shift_readings]}
+    return _report(frame, summary, calibration, results, verified, len(step_ids), repeats, probes, host_anchors,
+                   cuda_sim, cudaenv.device_info()["name"])
 
 
 def host_adjusted(frame: pd.DataFrame, calibration_probe_us: float) -> pd.Series:
@@ -470,22 +475,21 @@ def anchor_shifts(anchors: list[Anchor], medians: list[float]) -> dict[str, tupl
     return out
 
 
-def anchor_adjusted(frame: pd.DataFrame, anchors: list[Anchor], readings: list[tuple[int, list[float]]]) -> pd.Series:
-    """The engines' way's prediction moved by the anchors' shifts at each step's place in the way (interpolated
-    between the readings around it, as the probe is): copies x (us a copy) + bytes x (us a byte) per path. NaN for
-    the gather way, and where no anchor was timed."""
+def anchor_adjusted(frame: pd.DataFrame, shift_readings: list[tuple[int, dict]]) -> pd.Series:
+    """The engines' way's prediction moved by the anchors' shifts (anchor_shifts, read before the way and at its
+    checkpoints) at each step's place in the way, interpolated between the readings around it as the probe is:
+    copies x (us a copy) + bytes x (us a byte) per path. NaN for the gather way, and where no anchor was timed."""
     engines = frame["way"] == "ce_sync"
     out = pd.Series(np.nan, index=frame.index)
-    if not anchors or not readings or not engines.any():
+    if not shift_readings or not engines.any():
         return out
-    at = [k for k, _ in readings]
-    shifts = [anchor_shifts(anchors, medians) for _, medians in readings]
+    at = [k for k, _ in shift_readings]
     position = np.arange(int(engines.sum())) + 0.5
     moved = frame.loc[engines, "predicted_us"].to_numpy(float).copy()
     by_path = frame.loc[engines, "by_path"].tolist()
-    for path in shifts[0]:
-        per_copy = np.interp(position, at, [s[path][0] for s in shifts])
-        per_byte = np.interp(position, at, [s[path][1] for s in shifts])
+    for path in shift_readings[0][1]:
+        per_copy = np.interp(position, at, [shift[path][0] for _, shift in shift_readings])
+        per_byte = np.interp(position, at, [shift[path][1] for _, shift in shift_readings])
         copies = np.array([b.get(path, (0, 0))[0] for b in by_path], float)
         n_bytes = np.array([b.get(path, (0, 0))[1] for b in by_path], float)
         moved += copies * per_copy + n_bytes * per_byte
@@ -519,7 +523,7 @@ def noise_floor(runs: pd.Series) -> float | None:
 
 
 def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, verified: int, n_steps: int,
-            repeats: int, probes: list[float], timed_anchors: tuple, simulated: bool, device_name: str) -> dict:
+            repeats: int, probes: list[float], host_anchors: dict | None, simulated: bool, device_name: str) -> dict:
     calibration_probe = probe_us(calibration)
     rows = []
     for way, part in frame.groupby("way", sort=False):
@@ -548,12 +552,7 @@ def _report(frame: pd.DataFrame, summary: dict, calibration: dict, results, veri
         "repeats": repeats,
         "host_probe": {"calibration_us": calibration_probe, "replay_us": [round(p, 3) for p in probes]},
         "host_drift": None if calibration_probe is None else float(np.median(probes)) / calibration_probe - 1,
-        "host_anchors": None if not timed_anchors[1] else {
-            "configurations": [vars(a) for a in timed_anchors[0]],
-            "replay_us": [[round(m, 3) for m in medians] for _, medians in timed_anchors[1]],
-            "shifts": [{path: {"us_a_copy": round(c, 4), "us_a_mib": round(b * MIB, 4)}
-                        for path, (c, b) in anchor_shifts(timed_anchors[0], medians).items()}
-                       for _, medians in timed_anchors[1]]},
+        "host_anchors": host_anchors,
         "verified_bytes": verified,
         "goal": f"median relative error <= {fit.REPLAY_GOAL_MEDIAN_ERROR:.2f}",
         "summary": rows,

@@ -299,15 +299,16 @@ def generator_honesty_table() -> str:
     return table(["preset", "statistic", "real", "generated", "error"], rows, "llrrr")
 
 
+def _percent_or_blank(value: float | None, sign: str = "") -> str:
+    """A recorded error as the replay tables print it: '' where the record has none."""
+    return "" if value is None else f"{100 * value:{sign}.1f} %"
+
+
 def replay_spread_table() -> str:
     """The GPU copy replay on several H200 machines (scenarios/hardware/calibration/h200-replay-spread.json)."""
-    import json
-
     from sim.explore.validate import REPLAY_SPREAD_FILE
 
-    def percent(value, sign=""):
-        return "" if value is None else f"{100 * value:{sign}.1f} %"
-
+    percent = _percent_or_blank
     record = json.loads(REPLAY_SPREAD_FILE.read_text())
     rows = [[r["machine"], r["calibration"], r["seed"], f"{r['steps']:,}", r["way"], r["timing"], r["repeats"],
              percent(r["median_error"]), percent(r["p95_error"]), percent(r.get("noise_floor")),
@@ -322,13 +323,9 @@ def replay_spread_table() -> str:
 def replay_host_load_table() -> str:
     """The host-state experiment: calibrations under a host load and settled, replayed settled and under load
     (scenarios/hardware/calibration/h200-replay-host-load.json)."""
-    import json
-
     from sim.explore.validate import REPLAY_SPREAD_FILE
 
-    def percent(value):
-        return "" if value is None else f"{100 * value:.1f} %"
-
+    percent = _percent_or_blank
     record = json.loads((REPLAY_SPREAD_FILE.parent / "h200-replay-host-load.json").read_text())
     rows = [[r["machine"], r["calibration"], r["calibrated"], r["replayed"], r["seed"], percent(r["median_error"]),
              percent(r["host_adjusted_median_error"]), percent(r["anchor_adjusted_median_error"]),
