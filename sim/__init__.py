@@ -1,18 +1,17 @@
-"""expertsim: a discrete-event simulator of MoE expert caches in local LLM inference engines."""
+"""expertsim: a discrete-event simulator of MoE expert caches in local LLM inference engines.
 
-from importlib.metadata import PackageNotFoundError, version
+The package's face: `sim.__version__`, and `sim.run(...)` / `sim.Run` (sim/notebook.py) imported on first use, so
+that `import sim`, which every `expertsim` command does, stays free of the engines and pandas."""
 
-try:
-    __version__ = version("expertsim")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+from sim.version import __version__
 
 
 def __getattr__(name: str):
-    """`sim.run(...)` and `sim.Run` (sim/notebook.py), imported on first use: `import sim`, which every
-    `expertsim` command does, stays free of the engines and pandas."""
     if name in ("run", "Run"):
         from sim import notebook
 
         return getattr(notebook, name)
     raise AttributeError(f"module 'sim' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "run", "Run"]

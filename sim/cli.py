@@ -22,9 +22,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sim.engines import ENGINES
 from sim.errors import InputError
 from sim.outputs import claim_file, claim_folder, dumps
 from sim.units import GIB
+
+ENGINE_NAMES = tuple(ENGINES)
+DEFAULT_OBJECTIVES = ", ".join(f"{e.default_objective} for {e.label}" for e in ENGINES.values() if e.timed)
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines.")
@@ -106,7 +110,7 @@ class _CtrlC:
 
 def _version(value: bool) -> None:
     if value:
-        from sim import __version__
+        from sim.version import __version__
 
         typer.echo(f"expertsim {__version__}")
         raise typer.Exit()
@@ -287,7 +291,7 @@ def trace_stats_cmd(
 def hardware_list(as_json: bool = typer.Option(False, "--json", help="print JSON only")):
     """Every hardware profile a scenario can name from here (./hardware, ./scenarios/hardware, upward, then
     expertsim's own)."""
-    from sim.model.hardware import find_profiles, load_hardware_file, profile_summary
+    from sim.hardware import find_profiles, load_hardware_file, profile_summary
 
     rows = []
     for path in find_profiles(Path.cwd()):
@@ -307,7 +311,7 @@ def hardware_list(as_json: bool = typer.Option(False, "--json", help="print JSON
 def hardware_show(profile: str = typer.Argument(..., metavar="PROFILE", help="a profile name or a .toml path"),
                   as_json: bool = typer.Option(False, "--json", help="print JSON only")):
     """One profile's figures, each with its unit and source (and its range where it is an estimate)."""
-    from sim.model.hardware import load_hardware, profile_figures, profile_summary
+    from sim.hardware import load_hardware, profile_figures, profile_summary
 
     loaded = load_hardware(profile)
     summary, figures = profile_summary(loaded), profile_figures(loaded)
@@ -361,8 +365,8 @@ def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model p
 def scenario_init(
     model: str = typer.Option(..., "--model", help="a model preset or a .gguf file"),
     hardware: str = typer.Option(..., "--hardware", help="a hardware profile name or a .toml path"),
-    engine: str = typer.Option("auto", "--engine", help="auto | ds4 | strata | replay (auto: the engine that runs "
-                                                        "the model, else a cache-only replay)"),
+    engine: str = typer.Option("auto", "--engine", help=f"auto | {' | '.join(ENGINE_NAMES)} (auto: the engine that "
+                                                        "runs the model, else a cache-only replay)"),
     variant: Optional[str] = typer.Option(None, "--variant", help="the engine build (default: its newest for the "
                                                                   "model)"),
     # a starting workload, our choice: one chat-sized request, simulated in seconds
@@ -370,7 +374,7 @@ def scenario_init(
     decode_tokens: int = typer.Option(256, "--decode-tokens", min=0, help="the request's tokens of answer"),
     settings: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
                                        help="set one scenario key, as run --set does (e.g. "
-                                            "engine.flags.ssd-streaming-cache-experts=4096); repeat for more"),
+                                            "engine.flags.prefill-chunk=4096); repeat for more"),
     output: Path = typer.Option(..., "-o", "--output", help="scenario TOML to write"),
     force: bool = _force(),
     as_json: bool = typer.Option(False, "--json", help="print JSON only"),
@@ -407,9 +411,9 @@ def _layout_for(model: Optional[str], trace_model: str):
     if model is None:
         return get_preset(trace_model) if trace_model in preset_names() else None
     if model.endswith(".gguf") or Path(model).is_file():
-        from sim.model.layout import ModelLayout
+        from sim.model.gguf_reader import layout_from_gguf
 
-        return ModelLayout.from_gguf(model)
+        return layout_from_gguf(model)
     return get_preset(model)
 
 
@@ -497,7 +501,8 @@ def run(
     force: bool = _force(),
 ):
     """Simulate an engine serving a scenario's workload: tok/s, TTFT, hit rates, lent slots, file reads."""
-    from sim.engine.run import run_scenario, write_results
+    from sim.results import write_results
+    from sim.simulate import run_scenario
     from sim.explore.sweep import parse_settings
     from sim.scenario import load_scenario
 
@@ -507,10 +512,11 @@ def run(
         claim_file(perfetto, force, "--perfetto")
     data, overrides = parse_settings(scenario_path, settings) if settings else (None, {})
     scenario = load_scenario(scenario_path, data)
-    if perfetto is not None and scenario.engine.name == "replay":
-        raise InputError(str(scenario_path), "--perfetto", str(perfetto), "a cache-only replay has no timeline")
-    if uncertainty and scenario.engine.name == "replay":
-        raise InputError(str(scenario_path), "--uncertainty", uncertainty, "a cache-only replay reads no hardware")
+    engine = ENGINES[scenario.engine.name]
+    if perfetto is not None and not engine.timed:
+        raise InputError(str(scenario_path), "--perfetto", str(perfetto), f"{engine.description} has no timeline")
+    if uncertainty and not engine.timed:
+        raise InputError(str(scenario_path), "--uncertainty", uncertainty, f"{engine.description} reads no hardware")
     result = run_scenario(scenario)
     if overrides:
         result.summary["provenance"]["settings"] = overrides  # the scenario hash covers them too
@@ -519,7 +525,7 @@ def run(
     if output is not None:
         result.summary["files"] = write_results(result, output)
     if perfetto is not None:
-        from sim.engine.timeline import link_frame
+        from sim.results import link_frame
         from sim.explore.report import write_perfetto
 
         write_perfetto(result.steps, result.summary, perfetto, link_frame(result.links))
@@ -528,20 +534,14 @@ def run(
         _print_json(result.summary)
         return
     s = result.summary
-    if s["engine"] == "replay":  # counts only: its tables are per phase and per size class, not links
-        from sim.engine.cache_only import FIGURES
-
-        _print(_table(f"{scenario_path}: {s['provenance']['command_line']}, {s['model']} (cache only)",
-                         [{"key": k, "value": s[k]} for k in (*FIGURES, "direct_loads", "evictions")],
-                         ["key", "value"]))
-        _print(_table("per phase", s["per_phase"]))
-        _print(_table("per class", s["per_class"]))
-        return
     from sim.explore.runner import METRICS
 
-    _print(_table(f"{scenario_path}: {s['engine']} {s['variant']} on {s['hardware']}, {s['model']}",
-                     [{"key": k, "value": s[k]} for k in METRICS if k in s], ["key", "value"]))
-    _print(_table("links", s["links"]))
+    title = (f"{s['engine']} {s['variant']} on {s['hardware']}, {s['model']}" if engine.timed else
+             f"{s['provenance']['command_line']}, {s['model']} (cache only)")
+    _print(_table(f"{scenario_path}: {title}", [{"key": k, "value": s[k]} for k in engine.headline or METRICS if k in s],
+                  ["key", "value"]))
+    for table in engine.summary_tables:
+        _print(_table(table.replace("_", " "), s[table]))
     for notice in s["engine_state"].get("notices", []):
         _print(f"engine: {notice}")
     for warning in s.get("out_of_domain", []):
@@ -676,8 +676,8 @@ def calibrate(
 # --- sweep ----------------------------------------------------------------------------------------
 
 SWEEP_COLUMNS = ("decode_tok_s", "prefill_tok_s", "decode_hit_rate", "ttft_s", "cache_slots", "lent_slots", "error")
-# A cache-only replay has no tok/s or TTFT: its table shows the cache's figures and the path that computed them.
-REPLAY_SWEEP_COLUMNS = ("cache_slots", "cache_mib", "decode_hit_rate", "prefill_hit_rate", "hit_rate", "misses",
+# An untimed engine has no tok/s or TTFT: its table shows the cache's figures and the path that computed them.
+COUNTS_SWEEP_COLUMNS = ("cache_slots", "cache_mib", "decode_hit_rate", "prefill_hit_rate", "hit_rate", "misses",
                         "method", "error")
 
 
@@ -705,7 +705,8 @@ def sweep(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
-    from sim.explore.runner import METRICS, REPLAY_METRICS
+    from sim.engines import extra_metrics
+    from sim.explore.runner import METRICS
     from sim.explore.sweep import expand_grid, open_results, read_points, run_sweep
 
     points = expand_grid(scenario_path, grid)
@@ -735,7 +736,7 @@ def sweep(
     order = {p.point_id: i for i, p in reversed(list(enumerate(points)))}
     frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
     keys = list(points[0].overrides) if points else []
-    extra = [c for c in (*REPLAY_METRICS, "method") if c in frame]  # absent from rows of older sweeps
+    extra = [c for c in (*extra_metrics(), "method") if c in frame]  # absent from rows of older sweeps
     metrics = [c for c in METRICS if c in frame]  # a folder of an older version may lack some
     rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", "wall_s"]]
                       .to_json(orient="records"))
@@ -750,7 +751,7 @@ def sweep(
             sys.exit(EXIT_POINTS_FAILED)
         return
     short = {k: k.rsplit(".", 1)[-1] for k in keys}
-    columns = REPLAY_SWEEP_COLUMNS if "hit_rate" in frame else SWEEP_COLUMNS
+    columns = COUNTS_SWEEP_COLUMNS if "hit_rate" in frame else SWEEP_COLUMNS
     shown = [{**{short[k]: r[k] for k in keys}, **{c: r.get(c) for c in columns}} for r in rows]
     for r in shown:
         if r["error"] and len(r["error"]) > 60:
@@ -771,7 +772,7 @@ def sweep(
 def plan(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
     objective: Optional[str] = typer.Option(None, "--objective", help="summary metric to maximise, -METRIC to "
-                                            "minimise (default decode_tok_s for ds4, prefill_tok_s for Strata)"),
+                                            f"minimise (default: {DEFAULT_OBJECTIVES})"),
     constraint: list[str] = typer.Option([], "--constraint", help="METRIC OP NUMBER, e.g. vram_free_mib>=2048"),
     grid: list[str] = typer.Option([], "--grid", help="KEY=v1,v2,... candidates in place of the defaults"),
     workers: int = typer.Option(1, help="processes to run the candidates on"),

@@ -40,11 +40,11 @@ class Run:
     requests: pd.DataFrame
     copies: pd.DataFrame
     links: pd.DataFrame
-    _result: object  # sim.engine.run.RunResult: what `save` writes
+    _result: object  # sim.results.RunResult: what `save` writes
 
     @property
     def summary(self) -> pd.DataFrame:
-        """The headline metrics (sim.explore.runner.METRICS; a replay's FIGURES) that this run has, in order."""
+        """The headline metrics (sim.explore.runner.METRICS, or the engine's own headline) this run has, in order."""
         from sim.explore.report import with_unit
 
         keys = self._headline_keys()
@@ -64,7 +64,7 @@ class Run:
     def save(self, folder: str | Path, force: bool = False) -> dict:
         """Write the run's files into `folder` (a new or empty folder, or any with `force`): summary.json,
         steps.parquet, ... as `expertsim run -o` does. Returns the paths written."""
-        from sim.engine.run import write_results
+        from sim.results import write_results
         from sim.outputs import claim_folder
 
         claim_folder(Path(folder), force, "folder")
@@ -72,10 +72,10 @@ class Run:
         return self.record["files"]
 
     def _headline_keys(self) -> list[str]:
-        if self.record["engine"] == "replay":
-            from sim.engine.cache_only import FIGURES as keys
-        else:
-            from sim.explore.runner import METRICS as keys
+        from sim.engines import ENGINES
+        from sim.explore.runner import METRICS
+
+        keys = ENGINES[self.record["engine"]].headline or METRICS
         return [k for k in keys if k in self.record]
 
     def _repr_html_(self) -> str:
@@ -92,8 +92,8 @@ class Run:
 def run(scenario: str | Path, settings: dict | None = None) -> Run:
     """Run the scenario file with `settings` (dotted key -> value, as `expertsim run --set KEY=VALUE`)
     changed for this run. Bad input raises sim.errors.InputError with the one line the CLI prints."""
-    from sim.engine.run import run_scenario
-    from sim.engine.timeline import link_frame
+    from sim.simulate import run_scenario
+    from sim.results import link_frame
     from sim.explore.sweep import parse_settings
     from sim.scenario import load_scenario
 

@@ -5,8 +5,9 @@
 
 A scenario starts from the engine's own defaults, and each line says what it is (the schema's comment on the
 field where it has one, the same text docs/reference/scenario-schema.md shows), and whether it keeps the engine's
-default or changes it. The engine follows from the model: Strata for the one geometry its kernels are built for,
-ds4 for its model families, and for any other model a cache-only replay of the routing. `--set KEY=VALUE` is
+default or changes it. The engine follows from the model: the first registered engine that runs it (Engine.runs:
+Strata for the one geometry its kernels are built for, ds4 for its model families), else the untimed cache-only
+replay of the routing. `--set KEY=VALUE` is
 `run --set`: the same keys and typing rules, through sim.explore.sweep.parse_settings.
 
 A profile copy keeps the base file's text and comments and changes only the lines of the fields set; each
@@ -31,21 +32,14 @@ import typing
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from types import SimpleNamespace
 
 from pydantic import BaseModel
 
-from sim.engine.ds4_plan import family_of
+from sim.engines import ENGINES
 from sim.errors import InputError
 from sim.schema import Quantity, display_path, field_comments, is_file, unwrap
 
-ENGINE_CHOICES = ("auto", "ds4", "strata", "replay")
-# ds4's build per model family: for DeepSeek V4 upstream's newest (VARIANTS lists upstream's builds in merge
-# order, PR #1082 last, then the neutronstar fork's); GLM-5.2's shape (DS4_SHAPE_GLM52) exists only in the
-# neutronstar fork's ds4.c (ds4-engine.md §2.4), so its newest build there.
-DS4_VARIANT_BY_FAMILY = {"deepseek-v4": "pr1082", "glm-5.2": "neutronstar-glm"}
-# Strata's newest release build; v0.1.40-live needs a resident budget and an expert profile (docs/LIVE_MEMORY.md).
-STRATA_VARIANT = "v0.1.40"
+ENGINE_CHOICES = ("auto", *ENGINES)
 LINE_WIDTH = 118  # the repository's scenario files wrap at ~120 columns
 COMMENT_COLUMN_MAX = 40  # a longer `key = value` takes its comment two spaces after it
 
@@ -169,7 +163,7 @@ def _reference(typed: str, found: Path, folder: Path, resolve: Callable[[str, Pa
 
 
 def _hardware_from(folder: Path) -> Callable[[str, Path], Path | None]:
-    from sim.model.hardware import resolve_hardware
+    from sim.hardware import resolve_hardware
 
     def resolve(ref: str, base: Path) -> Path | None:
         try:
@@ -187,34 +181,21 @@ def _file_from(ref: str, base: Path) -> Path | None:
 # ------------------------------------------------------------------------------------------- scenario
 
 
-def _strata_geometry() -> str:
-    from sim.engine.strata_plan import GEOMETRY
-
-    return ", ".join(f"{field} {' or '.join(map(str, allowed))}" for field, allowed in GEOMETRY.items())
-
-
 def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, str]:
-    """(engine, why) for --engine: as given, or for auto the engine that runs the model, else a replay."""
+    """(engine, why) for --engine: as given, or for auto the first timed engine that runs the model (Engine.runs),
+    else the untimed one, a replay of its routing."""
     if engine not in ENGINE_CHOICES:
         raise InputError("scenario init", "--engine", engine, f"must be one of: {', '.join(ENGINE_CHOICES)}")
     if engine != "auto":
         return engine, f"--engine {engine}"
-    from sim.engine.strata_plan import geometry_mismatch
-
-    if geometry_mismatch(layout) is None:
-        return "strata", f"Strata's kernels are built for one geometry ({_strata_geometry()}), which {layout.name} has"
-    family = family_of(layout, compute_key)
-    if family is not None:
-        return "ds4", f"ds4 is modelled for DeepSeek V4 and GLM-5.2 files; {layout.name} is {family}"
-    return "replay", (f"neither engine runs {layout.name} (Strata: {_strata_geometry()} only; ds4: DeepSeek V4 and "
-                      "GLM-5.2 files only), so its routing is replayed through one cache: hit rates, no timing")
-
-
-def default_variant(engine: str, layout, compute_key: str | None) -> str | None:
-    if engine == "ds4":
-        family = family_of(layout, compute_key)
-        return DS4_VARIANT_BY_FAMILY.get(family, DS4_VARIANT_BY_FAMILY["deepseek-v4"])
-    return STRATA_VARIANT if engine == "strata" else None
+    timed = [e for e in ENGINES.values() if e.timed]
+    for candidate in timed:
+        why = candidate.runs(layout, compute_key)
+        if why is not None:
+            return candidate.name, why
+    fallback = next(e for e in ENGINES.values() if not e.timed)
+    scopes = "; ".join(e.scope() for e in timed)
+    return fallback.name, f"no timed engine runs {layout.name} ({scopes}), so {fallback.runs(layout, compute_key)}"
 
 
 def generator_for(layout) -> str | None:
@@ -232,19 +213,11 @@ def generator_for(layout) -> str | None:
     return next((name for name in names if generates(name)), None)
 
 
-def replay_slots(layout, profile) -> int:
-    """Slots per layer for a replay: as many experts of every routed layer as the GPU's memory holds beside the
-    runtime's reservation (the model's other weights not counted: an upper bound), at least one."""
-    per_slot_bytes = layout.max_expert_bytes * layout.n_routed_layers
-    fit = (profile.vram_bytes - profile.runtime_reserved_bytes) // per_slot_bytes
-    return int(max(1, min(layout.n_experts, fit)))
-
-
 class _Notes:
     """What each line of a scenario says: by key path (array indices dropped), what it is and its default."""
 
     def __init__(self, engine: str):
-        self.engine = engine  # whose defaults the engine keys keep: "ds4", "Strata", "expertsim cache"
+        self.engine = engine  # whose defaults the engine keys keep (Engine.label): "ds4", "Strata", "expertsim cache"
         self.owner = f"{engine}'s"
         self.what: dict[tuple, str] = {}
         self.engine_default: dict[tuple, object] = {}  # engine keys and their defaults (None: unset)
@@ -263,20 +236,19 @@ class _Notes:
         return " ".join(filter(None, [what, status])) or "set here"
 
 
-def _engine_notes(notes: _Notes, engine: str, variant: str | None, flags_model, env_model, rules) -> dict:
+def _engine_notes(notes: _Notes, engine, variant: str | None, flags_model, env_model) -> dict:
     """The engine's flags a starting scenario writes (documented ones with a default), and the notes of every key."""
     flags_path, env_path = ("engine", "flags"), ("engine", "env")
-    only_in = getattr(rules, "ONLY_IN", {})
-    knob_names = getattr(rules, "KNOB_NAMES", {})
-    own = _OWN_NOTES.get(engine, {})
+    knob_names = {knob.key: knob.title for knob in engine.knobs}
     written, unset, others = {}, [], []
     for name, info in flags_model.model_fields.items():
         key = info.alias or name
-        if key in only_in and variant not in only_in[key]:
+        if key in engine.only_in and variant not in engine.only_in[key]:
             continue  # read by other variants only: setting it here would be refused
         if info.is_required():
-            continue  # no default: the caller writes it (a replay's slots)
-        what = "; ".join(filter(None, [knob_names.get(f"engine.flags.{key}"), own.get(key),
+            continue  # no default: the caller writes it (Engine.starting_settings)
+        dotted_key = f"engine.flags.{key}"
+        what = "; ".join(filter(None, [knob_names.get(dotted_key), engine.notes.get(dotted_key),
                                        field_notes(flags_model).get(key)]))
         default = info.get_default(call_default_factory=True)
         notes.engine_default[flags_path + (key,)] = default
@@ -295,41 +267,16 @@ def _engine_notes(notes: _Notes, engine: str, variant: str | None, flags_model, 
         env_unset = []
         for name in env_model.model_fields:
             key = f"engine.env.{name}"
-            if name in only_in and variant not in only_in[name]:
+            if name in engine.only_in and variant not in engine.only_in[name]:
                 continue
             notes.engine_default[env_path + (name,)] = None
             if key in knob_names:
-                what = "; ".join(filter(None, [knob_names[key], _ENV_DEFAULTS.get(key)]))
+                what = "; ".join(filter(None, [knob_names[key], engine.notes.get(key)]))
                 notes.what[env_path + (name,)] = what
                 env_unset.append((name, what))
         notes.unset[env_path] = env_unset
         notes.others[env_path] = f"Every name {notes.engine} reads: docs/reference/scenario-schema.md"
     return written
-
-
-# Notes for keys the schema has no comment on, and that a starting scenario writes or lists.
-_OWN_NOTES = {
-    "ds4": {"ssd-streaming": "experts stream from the SSD: ds4 is modelled with --ssd-streaming only"},
-    "replay": {"policy": "the cache policy: lru, lfu, opt (Belady's bound), static (filled once from a ranking) or "
-                         "ds4-slab (one slab released at every expert-size change)",
-               "prefill-mode": "evict: every prefill miss evicts; append: hit, fill free slots, else load directly "
-                               "(ds4 after #504)"},
-}
-
-
-def _env_defaults() -> dict[str, str]:
-    from sim.engine import ds4_plan, strata_plan
-
-    return {
-        ds4_plan.KEY_RESERVE: f"whole GiB as a string; unset = {ds4_plan.DEFAULT_VRAM_RESERVE_GIB} GiB; at most VRAM / "
-                              f"{1 / ds4_plan.VRAM_RESERVE_MAX_FRACTION_OF_TOTAL:g}",
-        strata_plan.KEY_HEADROOM: f"unset = {strata_plan.RESIDENT_HEADROOM_GIB} GiB with resident-experts or "
-                                  f"resident-budget-gib, {strata_plan.MMAP_CPU_HEADROOM_GIB} GiB otherwise",
-        strata_plan.KEY_OWN: 'fork-658 only; unset = on, "0" always borrows',
-    }
-
-
-_ENV_DEFAULTS = _env_defaults()
 
 
 def _render_scenario(header: list[str], data: dict, notes: _Notes, changed: set[tuple]) -> str:
@@ -377,12 +324,11 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     claims it); what was written. Paths typed on the command line (a .gguf, a profile) are relative to the
     working folder and are rebased into the scenario's; paths inside --set values are scenario values,
     relative to the scenario file as in the file itself."""
-    from sim import engine as engines
     from sim.explore.sweep import parse_settings
-    from sim.model.hardware import load_hardware_file, resolve_hardware
-    from sim.model.layout import ModelLayout
+    from sim.hardware import load_hardware_file, resolve_hardware
+    from sim.model.gguf_reader import layout_from_gguf
     from sim.model.presets import PRESETS, get_preset
-    from sim.scenario import ReplayFlags, Request, TraceSource, Workload, load_scenario
+    from sim.scenario import Request, TraceSource, Workload, load_scenario
 
     output = Path(output)
     folder = output.parent
@@ -391,7 +337,7 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     elif model.endswith(".gguf") or Path(model).is_file():
         if not is_file(Path(model)):
             raise InputError("--model", "model", model, "no such file")
-        layout, model_ref = ModelLayout.from_gguf(model), _reference(model, Path(model), folder, _file_from)
+        layout, model_ref = layout_from_gguf(model), _reference(model, Path(model), folder, _file_from)
     else:
         layout = get_preset(model)  # the unknown name's one-line error, listing the presets
     hardware_path = resolve_hardware(hardware, Path.cwd(), "--hardware", "hardware")
@@ -402,36 +348,33 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     compute_key = typed_class or profile.compute_key(layout.name)
     typed_engine = engine
     engine, why = choose_engine(engine, layout, compute_key)
-    if engine == "replay" and variant is not None:
-        raise InputError("scenario init", "--variant", variant, "a cache-only replay has no variants")
-    typed_variant, variant = variant, variant or default_variant(engine, layout, compute_key)
+    spec = ENGINES[engine]
+    if not spec.variants and variant is not None:
+        raise InputError("scenario init", "--variant", variant, f"{spec.description} has no variants")
+    typed_variant, variant = variant, variant or spec.default_variant(layout, compute_key)
 
-    notes = _Notes({"ds4": "ds4", "strata": "Strata", "replay": "expertsim cache"}[engine])
+    notes = _Notes(spec.label)
     notes.what[("hardware",)] = "the machine: a profile name (expertsim hardware list) or a .toml path"
     notes.what[("model",)] = "a model preset (expertsim model show NAME) or a path to a .gguf file"
-    notes.what[("engine", "name")] = "the engine: ds4, strata, or replay (one cache, hit rates, no timing)"
+    notes.what[("engine", "name")] = (f"the engine: {', '.join(e for e in ENGINES if ENGINES[e].timed)}, or "
+                                      f"{', '.join(e for e in ENGINES if not ENGINES[e].timed)} (one cache, hit rates, "
+                                      "no timing)")
     engine_table: dict = {"name": engine}
-    if engine == "replay":
-        notes.tables[("engine", "flags")] = "the `expertsim cache` options, as that command takes them"
-        flags = _engine_notes(notes, "replay", None, ReplayFlags, None, SimpleNamespace())
-        slots = replay_slots(layout, profile)
-        flags["slots"] = slots
-        notes.what[("engine", "flags", "slots")] = (
-            f"slots per pool (per layer with scope layer): {slots} of {layout.n_experts} experts, what "
-            f"{profile.name}'s GPU memory holds of every layer beside the runtime's reservation (the model's "
-            "other weights not counted: an upper bound)")
-        engine_table["flags"] = flags
-    else:
-        rules = engines.rules(engine)
-        settings_model = rules.Settings
-        source = (rules.VARIANTS if engine == "ds4" else rules.BUILDS).get(variant)
+    fields = spec.Settings.model_fields
+    if spec.variants:
+        source = spec.variants.get(variant)
         chosen = "--variant" if typed_variant is not None else "the newest build for this model"
         notes.what[("engine", "variant")] = f"{source.source} [{chosen}]" if source else chosen
-        notes.tables[("engine", "flags")] = f"{notes.owner} command-line flags, without the leading --"
-        notes.tables[("engine", "env")] = f"{notes.owner} environment variables, as strings"
         engine_table["variant"] = variant
-        engine_table["flags"] = _engine_notes(notes, engine, variant, settings_model.model_fields["flags"].annotation,
-                                              settings_model.model_fields["env"].annotation, rules)
+    notes.tables[("engine", "flags")] = spec.flags_note or f"{notes.owner} command-line flags, without the leading --"
+    flags = _engine_notes(notes, spec, variant, fields["flags"].annotation,
+                          fields["env"].annotation if "env" in fields else None)
+    for key, (value, what) in spec.starting_settings(layout, profile).items():
+        flags[key] = value
+        notes.what[("engine", "flags", key)] = what
+    engine_table["flags"] = flags
+    if "env" in fields:
+        notes.tables[("engine", "env")] = f"{notes.owner} environment variables, as strings"
         engine_table["env"] = {}
     generator = generator_for(layout)
     trace: dict = {} if generator is None else {"generator": generator, "seed": 0}
@@ -459,8 +402,8 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     command += ["--variant", variant] if typed_variant is not None else []
     command += ["--prompt-tokens", str(prompt_tokens), "--decode-tokens", str(decode_tokens)]
     command += [a for spec in settings for a in ("--set", spec)] + ["-o", str(output)]
-    title = (f"a cache-only replay of {layout.name}'s routing, its cache sized for {profile.name}" if engine == "replay"
-             else f"{notes.engine} {variant} serving {layout.name} on {profile.name}")
+    title = (f"{notes.engine} {variant} serving {layout.name} on {profile.name}" if spec.timed
+             else f"{spec.description} of {layout.name}'s routing, its cache sized for {profile.name}")
 
     def header(warning: str | None) -> list[str]:
         covers = (f"Covers: a starting point to edit, written by `{shlex.join(command)}`. Engine {engine}: {why}. "
@@ -485,9 +428,11 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
         changed = {_parts(key) for key in overrides}
         temporary.write_text(_render_scenario(header(None), full, notes, changed), encoding="utf-8")
         scenario = load_scenario(temporary)
-        warning = None if engine == "replay" else engines.rules(engine).prune(scenario)
-        if warning:
-            warning += f" (change it with --set {engines.rules(engine).KEY_RESERVE})"
+        try:
+            plan = spec.plan_memory(scenario)
+            warning = plan.why_no_cache and f"{plan.why_no_cache} (change it with --set {plan.knob})"
+        except InputError as exc:  # the engine would refuse to start on this box
+            warning = exc.why
             temporary.write_text(_render_scenario(header(warning), full, notes, changed), encoding="utf-8")
         return scenario, overrides, warning
 
@@ -505,7 +450,7 @@ def profile_fields(data: dict) -> dict[tuple[str, ...], object]:
     """Every field `hardware init --set` can change in a profile holding `data`, by key path: its quantities
     (a Quantity model) and plain values (their annotation). Optional tables count where the profile has them;
     compute classes are the profile's own. The SSD's table of points is an array: edited by hand."""
-    from sim.model.hardware import HardwareProfile
+    from sim.hardware import HardwareProfile
 
     fields: dict[tuple[str, ...], object] = {}
 
@@ -592,7 +537,7 @@ def _typed(text: str, kind) -> object:
 def write_hardware(base: str, output: str | Path, settings: Sequence[str] = (), name: str | None = None) -> dict:
     """Write a copy of profile `base` to `output` with the fields of `settings` (FIELD=VALUE) changed; what was
     written. The copy is named `name`, by default the file's stem (the name a scenario looks it up by)."""
-    from sim.model.hardware import load_hardware_file, profile_summary, resolve_hardware
+    from sim.hardware import load_hardware_file, profile_summary, resolve_hardware
     from sim.schema import read_toml
 
     output = Path(output)

@@ -2,23 +2,16 @@
 
     hardware = "rtx-pro-6000-96gb"          # scenarios/hardware/NAME.toml, or a path to a profile
     model = "deepseek-v4-flash-q2-q4"        # a preset (sim.model.preset_names()) or a path to a .gguf
-    [engine]                                 # name = "ds4" | "strata", variant = which code; or "replay"
+    [engine]                                 # name = one of the registered engines (sim/engines), variant
     [engine.flags]                           # the engine's own CLI flags, without the leading "--"
     [engine.env]                             # the engine's own environment variables, as strings
     [trace]                                  # generator = PRESET (+ seed) or path = "traces/x.parquet"
     [[workload.requests]]                    # prompt_tokens, decode_tokens, conversation, think_time_s
 
-Engine settings use the engines' names and defaults (reference/ds4-engine.md §4, strata-engine.md §3),
-so a command line can be copied in. Values the real engine accepts and then handles in its own way are
-accepted here too and kept raw (ds4 parses DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB as an integer, so
-"0.5" silently keeps the 16 GiB default, and clamps the reserve to VRAM / 2): the engine model reproduces
-that. Settings no engine run could have are errors: a reserve >= the GPU's VRAM, a chunk of 0, a budget
-larger than the model's routed experts, a trace recorded for another model shape, --mtp with streaming on
-upstream ds4 (only the neutronstar GLM stack runs the draft layer while streaming).
-
-`name = "replay"` is no engine: the workload's routing replayed through one `expertsim cache` cache, its
-[engine.flags] that command's options (policy, scope, slots, prefill-mode, profile); no timing, so the
-hardware profile is not used and the model needs no compute figures.
+The [engine] table is the named engine's own (its Settings: the engine's names and defaults, so a command line
+can be copied in) and its refusals are the engine's (Engine.validate): this module knows no engine. Values an
+engine accepts and then handles in its own way are accepted here too and kept raw; settings no run of it could
+have are errors. An untimed engine (the cache-only replay) reads no compute figures and no calibration file.
 
 Every error is one line naming the file and the dotted key path (sim.errors.InputError).
 """
@@ -30,52 +23,15 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PlainValidator, PrivateAttr
+from pydantic import Field, PrivateAttr
 
-from sim import engine as engines
+from sim.engines import ENGINES, settings_union
 from sim.errors import InputError
-from sim.model.hardware import Compute, HardwareProfile, load_hardware_file, resolve_hardware
+from sim.hardware import Compute, HardwareProfile, load_hardware_file, resolve_hardware, with_values
 from sim.model.layout import ModelLayout
 from sim.schema import Strict, is_file, read_toml, safe_path, validate
 
 SCHEMA = "expertsim.scenario/1"
-
-
-# ------------------------------------------------------------------------------------------- replay
-
-
-def _check_slots(value: object) -> int | list[int]:
-    """One slot count for every pool, or an array of one per pool (whole numbers >= 0)."""
-    def count(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-    if count(value) or (isinstance(value, list) and value and all(count(v) for v in value)):
-        return value
-    raise ValueError("must be a slot count >= 0 for every pool, or an array of one count per pool")
-
-
-class ReplayFlags(Strict):
-    """The `expertsim cache` options a cache-only replay runs with (sim/cache/replay.py, docs/cache.md).
-    The literals are replay.POLICIES, SCOPES and PREFILL_MODES (tests/test_cache_only.py checks they agree):
-    importing the cache module here would load numba for every scenario."""
-
-    KEY_KIND: ClassVar[str] = "replay flag"
-    policy: Literal["lru", "lfu", "opt", "static", "ds4-slab"] = "lru"
-    # Pools: one per layer, per size class, or one; ds4-slab is always one slab with a capacity per class.
-    scope: Literal["layer", "class", "global"] = "layer"
-    slots: Annotated[int | list[int], PlainValidator(_check_slots)]
-    prefill_mode: Literal["evict", "append"] = Field("evict", alias="prefill-mode")
-    # The static policy's ranking: a rank,layer,expert CSV relative to the scenario; unset = the workload's own
-    # access counts (an oracle profile, as `expertsim cache` does without --profile).
-    profile: Annotated[str, Field(min_length=1)] | None = None
-
-
-class ReplayEngine(Strict):
-    """No engine: the workload's routing replayed through one cache, counts only, no timing."""
-
-    KEY_KIND: ClassVar[str] = "replay engine key"
-    name: Literal["replay"]
-    flags: ReplayFlags
 
 
 # ------------------------------------------------------------------------------------------ scenario
@@ -113,8 +69,7 @@ class Scenario(Strict):
     model: Annotated[str, Field(min_length=1)]
     # The key of the hardware profile's [compute] table to use; default: the one the model name starts with.
     model_class: Annotated[str, Field(min_length=1)] | None = None
-    engine: Annotated[engines.rules("ds4").Settings | engines.rules("strata").Settings | ReplayEngine,
-                      Field(discriminator="name")]
+    engine: settings_union()
     trace: TraceSource
     workload: Workload
 
@@ -158,9 +113,9 @@ class Scenario(Strict):
         return [i for i, r in enumerate(self.workload.requests) if r.measured]
 
     def command_line(self) -> str:
-        """The settings as an engine user would type them (set keys only); a replay's as `expertsim cache`
-        options (it has no environment; a list of slots is written as the CLI takes it, a,b,c)."""
-        env = {} if isinstance(self.engine, ReplayEngine) else self.engine.env.model_dump(exclude_none=True)
+        """The settings as an engine user would type them (set keys only): its environment, then its flags (a list
+        is written as a command line takes it, a,b,c)."""
+        env = self.engine.env.model_dump(exclude_none=True) if "env" in type(self.engine).model_fields else {}
         flags = self.engine.flags.model_dump(by_alias=True, exclude_unset=True)
         flags = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in flags.items()}
         args = [f"--{k}" if v is True else f"--{k} {v}" for k, v in flags.items() if v not in (False, None)]
@@ -182,7 +137,9 @@ def _resolve_model(value: str, base: Path, where: str) -> ModelLayout:
     path = Path(value) if Path(value).is_absolute() else base / value
     if not is_file(path):
         raise InputError(where, "model", value, f"no such file ({path})")
-    return ModelLayout.from_gguf(path)
+    from sim.model.gguf_reader import layout_from_gguf
+
+    return layout_from_gguf(path)
 
 
 def _normal(name: str) -> str:
@@ -201,36 +158,6 @@ def _resolve_compute(s: Scenario, profile: HardwareProfile, layout: ModelLayout,
         raise InputError(where, "model", s.model, f"hardware profile {profile.name} has no compute figures for "
                                                   f"model {layout.name!r}; set model_class to one of: {keys}")
     return key
-
-
-def _check_replay(s: Scenario, layout: ModelLayout, base: Path, where: str) -> None:
-    from sim.cache.replay import Geometry, capacity_pools
-
-    flags: ReplayFlags = s.engine.flags
-    if flags.policy == "opt" and flags.prefill_mode != "evict":
-        raise InputError(where, "engine.flags.prefill-mode", flags.prefill_mode,
-                         "opt is the bound of an evicting cache: use evict")
-    if flags.profile is not None:
-        if flags.policy != "static":
-            raise InputError(where, "engine.flags.profile", flags.profile,
-                             f"read only by policy static; this scenario's policy is {flags.policy}")
-        safe_path(where, "engine.flags.profile", flags.profile)
-        path = Path(flags.profile) if Path(flags.profile).is_absolute() else base / flags.profile
-        if not is_file(path):
-            raise InputError(where, "engine.flags.profile", flags.profile, f"no such file ({path})")
-    # A replay routes the model's routed layers (no MTP draft steps).
-    geometry = Geometry.of_layout(layout, layout.n_routed_layers)
-    scope, pool_keys = capacity_pools(geometry, flags.policy, flags.scope)
-    slots = flags.slots if isinstance(flags.slots, list) else [flags.slots] * len(pool_keys)
-    if len(slots) != len(pool_keys):
-        pools = "size class" if flags.policy == "ds4-slab" or scope == "class" else scope
-        raise InputError(where, "engine.flags.slots", flags.slots,
-                         f"{len(slots)} counts; policy {flags.policy}, scope {scope} on {layout.name} takes one "
-                         f"count, or one per {pools} ({len(pool_keys)})")
-    for pool, (count, keys) in enumerate(zip(slots, pool_keys)):
-        if count > keys:  # the kernels allocate every slot: a count beyond the pool's experts is no cache at all
-            raise InputError(where, "engine.flags.slots", flags.slots,
-                             f"{count} slots in pool {pool}, which has only {keys} experts")
 
 
 def _check_trace(s: Scenario, layout: ModelLayout, base: Path, where: str) -> tuple[Path | None, str | None]:
@@ -285,11 +212,12 @@ def _check_workload(s: Scenario, where: str) -> None:
         context[r.conversation] = r.prompt_tokens + r.decode_tokens
 
 
-def load_scenario(path: str | Path, data: dict | None = None) -> Scenario:
+def load_scenario(path: str | Path, data: dict | None = None, profile_values: dict | None = None) -> Scenario:
     """Read, validate and resolve a scenario file; any defect is a one-line InputError.
 
     With `data`, that parsed TOML stands in for the file's (a sweep point): the same checks, relative
-    paths resolved against the file's folder, errors naming the file."""
+    paths resolved against the file's folder, errors naming the file. With `profile_values` (dotted profile keys
+    -> values, an uncertainty sample) the hardware profile's figures are those (sim.hardware.with_values)."""
     where = str(path)
     safe_path(where, "path", where)
     file = Path(path)
@@ -299,22 +227,21 @@ def load_scenario(path: str | Path, data: dict | None = None) -> Scenario:
     scenario: Scenario = validate(where, Scenario, read_toml(file, where) if data is None else data)
     hw_path = resolve_hardware(scenario.hardware, base, where)
     profile = load_hardware_file(hw_path.resolve())
+    if profile_values:
+        profile = with_values(profile, profile_values)
     layout = _resolve_model(scenario.model, base, where)
-    replay = isinstance(scenario.engine, ReplayEngine)
-    # a cache-only replay has no timing, so it needs no compute figures for the model
-    compute_key = None if replay else _resolve_compute(scenario, profile, layout, where)
+    engine = ENGINES[scenario.engine.name]
+    # an untimed engine needs no compute figures for the model
+    compute_key = _resolve_compute(scenario, profile, layout, where) if engine.timed else None
     scenario._path = file.resolve()
     scenario._hardware_profile = profile
     scenario._layout = layout
     scenario._compute_key = compute_key
-    if replay:
-        _check_replay(scenario, layout, base, where)
-    else:
-        engines.rules(scenario.engine.name).validate(scenario, where)
-        if profile.calibration_path is not None:  # the GPU calibration file, checked whole before a run reads it
-            from sim.calibrate.fileformat import load as load_calibration
+    engine.validate(scenario, where)
+    if engine.timed and profile.calibration_path is not None:  # the GPU calibration file, checked whole first
+        from sim.calibrate.fileformat import load as load_calibration
 
-            load_calibration(profile.calibration_path, f"{profile.path or profile.name}: calibration")
+        load_calibration(profile.calibration_path, f"{profile.path or profile.name}: calibration")
     trace_path, trace_sha = _check_trace(scenario, layout, base, where)
     _check_workload(scenario, where)
     scenario._trace_path = trace_path
@@ -351,5 +278,5 @@ def scenario_hash(scenario: Scenario) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-__all__ = ["ReplayEngine", "ReplayFlags", "Request", "Scenario", "TraceSource", "Workload", "canonical",
+__all__ = ["Request", "Scenario", "TraceSource", "Workload", "canonical",
            "load_scenario", "scenario_hash"]

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, create_model, \
     field_validator
 
@@ -260,7 +261,7 @@ class Quantity(Strict):
     source: str = Field(pattern=_SOURCE_PATTERN, min_length=8)
     calibrated: bool = False
     derivation: str | None = Field(default=None, min_length=1, validate_default=True)
-    # The calibration record (sim/engine/records.py) this figure was fitted on, or derived from: a run that
+    # The calibration record (sim/engines/records.py) this figure was fitted on, or derived from: a run that
     # uses it outside the record's key (engine, model, hardware, context) lists it under out_of_domain.
     record: str | None = Field(default=None, min_length=1)
     # The figure's plausible range [LOW, HIGH] (same unit) and why: `run --uncertainty` samples it. Estimates
@@ -325,6 +326,13 @@ def kind_of(value: object) -> str:
 
 def digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
+
+
+def check_int(where: str, field: str, value: object, minimum: int = 0) -> int:
+    """An engine rule's integer argument (numpy integers too), or a one-line InputError."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise InputError(where, field, value, f"must be an integer >= {minimum}")
+    return int(value)
 
 
 def count_or_keyword(value: object, expected: str, is_keyword) -> str | int:

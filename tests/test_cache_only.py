@@ -14,9 +14,10 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from sim.cache import replay as cache_replay
-from sim.engine.run import run_scenario
+from sim.simulate import run_scenario
 from sim.errors import InputError
-from sim.scenario import ReplayFlags, load_scenario
+from sim.engines.replay.settings import ReplayFlags
+from sim.scenario import load_scenario
 from sim.trace.format import Trace, TraceHeader, write_trace
 from tests.test_gguf_reader import expert_tensors, moe_kv, write_gguf
 from sim.units import MIB

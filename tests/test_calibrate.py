@@ -241,7 +241,7 @@ def test_h200_file_meets_the_speed_rows_and_its_replay_the_goal():
                                           ("rtx-5090-48gb-windows", "rtx-5090.json")])
 def test_hardware_profiles_reference_valid_calibration_files(profile, cal):
     pytest.importorskip("pydantic")
-    from sim.model.hardware import load_hardware
+    from sim.hardware import load_hardware
 
     hw = load_hardware(profile)
     assert hw.calibration_path == (CAL_DIR / cal).resolve() and len(hw.calibration_sha256) == 64
@@ -250,7 +250,7 @@ def test_hardware_profiles_reference_valid_calibration_files(profile, cal):
 
 def test_profile_pointing_at_missing_calibration_is_one_line_error(tmp_path):
     pytest.importorskip("pydantic")
-    from sim.model.hardware import load_hardware
+    from sim.hardware import load_hardware
 
     text = (REPO / "scenarios" / "hardware" / "h200.toml").read_text()
     text = text.replace('calibration = "calibration/h200.json"', 'calibration = "calibration/none.json"')

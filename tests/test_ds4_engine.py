@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.engine.run import run_scenario, write_results
+from sim.results import write_results
+from sim.simulate import run_scenario
 from sim.scenario import load_scenario
 from sim.units import GIB
 
@@ -110,8 +111,8 @@ def test_belady_bound_is_not_below_plain_min_over_the_whole_routing(per_class):
     import numpy as np
 
     from sim.cache.replay import Geometry, replay
-    from sim.engine.workload import workload_routing
     from sim.trace.format import Trace, TraceHeader
+    from sim.workload import workload_routing
 
     scenario = load_scenario(SCENARIOS / "ds4-504-per-class.toml")
     r = workload_routing(scenario).requests[per_class.summary["measured_request"]]
@@ -151,7 +152,7 @@ def test_builtin_hotlist_stand_in_lists_as_many_pairs_as_ds4s_list():
     profile length) run ranked by hits; its size is a check of the generator, not of the list."""
     import numpy as np
 
-    from sim.engine.ds4 import builtin_hotlist
+    from sim.engines.ds4.prefill import builtin_hotlist
 
     flash = builtin_hotlist("deepseek-v4-flash-q2-q4")
     assert abs(len(flash) - 6436) / 6436 < 0.02
@@ -350,7 +351,7 @@ def metal_timeline(tokens: int = 3):
     """The links of a short 8 GB run on the M5 Pro: per token, the main thread's 43 graph encodes, the GPU's
     kernels, each with the layer it belongs to (the kernels run in the order encoded: a layer's attention, shared
     and routed experts, then the next layer's attention), and the load worker's round trips."""
-    from sim.engine.timeline import link_frame
+    from sim.results import link_frame
 
     data = {"hardware": "m5-pro-64gb", "model": "deepseek-v4-flash-q2",
             "engine": {"name": "ds4", "variant": "main-0814",
@@ -417,7 +418,7 @@ def uncached_q4(variant: str, env: dict):
 
 
 def busy_by_kind(result, link_prefix: str):
-    from sim.engine.timeline import link_frame
+    from sim.results import link_frame
 
     links = link_frame(result.links)
     links = links[links["link"].str.startswith(link_prefix)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.engine.run import run_scenario
-from sim.model.hardware import load_hardware
+from sim.simulate import run_scenario
+from sim.hardware import load_hardware
 from sim.scenario import load_scenario
 from tests.conftest import profile_with
 from tests.test_strata_engine import run_file, scenario_file
@@ -152,7 +152,7 @@ def test_ds4_pread_pool_changes_time_only_through_resource_waits(tmp_path, monke
     # thread's graph encode too) the two must agree: only the GPU's own work is left.
     import dataclasses
 
-    from sim.engine import records
+    from sim.engines import records
 
     def decode_tok_s(box, pool):
         return ds4_run(decode=24, variant="pr1082", hardware=box, env={"DS4_CUDA_HITS_FIRST": pool,

@@ -1,4 +1,4 @@
-"""from_gguf / read_gguf on small GGUF files written with gguf's own writer, and fuzzing of the reader.
+"""layout_from_gguf / read_gguf on small GGUF files written with gguf's own writer, and fuzzing of the reader.
 
 Expected bytes are worked out by hand from the block table (hardware-and-gguf.md §3.1) or, in the
 random round trip, from gguf's GGML_QUANT_SIZES: both independent of sim.model.quant.
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.errors import InputError
-from sim.model import ExpertLayer, ModelLayout, get_preset, read_gguf
+from sim.model import ExpertLayer, ModelLayout, get_preset, layout_from_gguf, read_gguf
 
 ARCH = "testmoe"
 PARTS = ("gate", "up", "down")
@@ -141,7 +141,7 @@ def test_3d_experts_with_dense_shared_and_attention_tensors(tmp_path):
     theirs = {t.name: t for t in gguf.GGUFReader(path).tensors}
     down = theirs["blk.2.ffn_down_exps.weight"]
     assert model.offsets[1, 2].tolist() == [down.data_offset + e * down.n_bytes // 4 for e in range(4)]
-    assert ModelLayout.from_gguf(path) == lay and ModelLayout.from_gguf(str(path)) == lay
+    assert layout_from_gguf(path) == lay and layout_from_gguf(str(path)) == lay
 
 
 def test_fused_gate_up(tmp_path):

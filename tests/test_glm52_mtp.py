@@ -16,15 +16,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.engine.ds4_plan import glm52_non_routed_bytes
-from sim.engine.run import run_scenario
-from sim.engine.workload import mtp_seed, workload_routing
+from sim.engines.ds4.weights import glm52_non_routed_bytes
 from sim.errors import InputError
 from sim.model.presets import get_preset
 from sim.model.quant import QUANT_TYPES
+from sim.simulate import run_scenario
 from sim.scenario import load_scenario
 from sim.trace.generate import generate_trace
 from sim.units import GIB
+from sim.workload import mtp_seed, workload_routing
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 PER_CLASS = SCENARIOS / "glm52-mtp-per-class.toml"
@@ -127,7 +127,7 @@ def test_free_vram_comes_from_the_derived_resident_set(per_class):
 def test_glm52_parameter_count_reproduces_the_bf16_checkpoint():
     """The derivation's geometry, counted in parameters: 753.33 B with the MTP block, whose BF16 tensors
     (router bias F32) total exactly the GLM-5.2 checkpoint's 1,506,659,919,872 B."""
-    from sim.engine.ds4_plan import GLM52_DENSE_FFN, GLM52_INDEXER, GLM52_MLA, GLM52_VOCAB
+    from sim.engines.ds4.weights import GLM52_DENSE_FFN, GLM52_INDEXER, GLM52_MLA, GLM52_VOCAB
 
     h, m, ix = 6144, GLM52_MLA, GLM52_INDEXER
     attn = (h * m["q_lora"] + m["q_lora"] * m["heads"] * (m["qk_nope"] + m["qk_rope"])

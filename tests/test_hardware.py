@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.errors import InputError
-from sim.model.hardware import HardwareProfile, load_hardware
+from sim.hardware import HardwareProfile, load_hardware
 from sim.schema import Quantity
 from sim.units import GIB, MIB
 

@@ -13,10 +13,11 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.run import run_scenario, write_results
+from sim.simulate import run_scenario
+from sim.results import write_results
 from sim.machine import Memory, PageCache, Server, SharedBandwidth, Ssd
 from sim.machine.storage import INACTIVE_SHARE_BY_OS
-from sim.model.hardware import load_hardware
+from sim.hardware import load_hardware
 from sim.scenario import load_scenario
 from sim.units import GIB, MIB
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.engine.records import RECORDS, Domain, Record
-from sim.engine.run import run_scenario
+from sim.engines.records import RECORDS, Domain, Record
+from sim.simulate import run_scenario
 from sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -113,12 +113,12 @@ def test_domain_notes_each_use_once_in_record_order():
 def test_records_read_names_the_engine_records_a_run_reads(name):
     # the engine's own list (what gives out-of-domain records their spread) against what a run on another box
     # flags, less the records that reach the run through hardware-profile figures
-    from sim.engine import rules
+    from sim.engines import engine_of
 
     path = SCENARIOS / f"{name}.toml"
     on_4090 = load_scenario(path, {**tomllib.loads(path.read_text()), "hardware": "rtx-4090"})
     through_profile = {q.record for _, q in on_4090.hardware_profile.quantities() if getattr(q, "record", None)}
-    read = set(rules(on_4090.engine.name).records_read(on_4090))
+    read = set(engine_of(on_4090).records_read(on_4090))
     assert read == flagged(short_run(name, "rtx-4090")) - through_profile
 
 

@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.cache.replay import Geometry
-from sim.engine.run import run_scenario, write_results
-from sim.engine.workload import workload_routing
+from sim.simulate import run_scenario
+from sim.results import write_results
+from sim.workload import workload_routing
 from sim.errors import InputError
 from sim.explore.report import (build_report, hit_rate_curves, load_links, load_routing, perfetto_trace,
                                 report_figures)
@@ -186,9 +187,9 @@ def test_sweep_report(tmp_path):
     heat = heatmaps[0]["data"][0]
     assert sorted(heat["x"]) == [4096, 9472] and sorted(heat["y"]) == [8, 12]
     assert all(v is not None and v > 0 for row in heat["z"] for v in row)
-    assert heatmaps[0]["layout"]["xaxis"]["title"]["text"] == "cache (experts)"
-    assert heatmaps[0]["layout"]["yaxis"]["title"]["text"] == "reserve (GiB)"
-    assert '<p class="expertsim-summary">Over 4 successful points (2 cache x 2 reserve): decode_tok_s' in page
+    assert heatmaps[0]["layout"]["xaxis"]["title"]["text"] == "expert budget (experts)"
+    assert heatmaps[0]["layout"]["yaxis"]["title"]["text"] == "VRAM reserve (GiB)"
+    assert '<p class="expertsim-summary">Over 4 successful points (2 expert budget x 2 VRAM reserve): decode_tok_s' in page
 
 
 def test_replay_sweep_report_plots_hit_rates_against_slots(tmp_path):
@@ -235,7 +236,7 @@ def test_sweep_points_table_is_sorted_sized_to_its_rows_and_has_each_column_once
     header = list(table.data[0].header.values)
     assert len(header) == len(set(header)) and header.count("decode_hit_rate") == 1
     cells = dict(zip(header, table.data[0].cells.values))
-    assert list(cells["cache (experts)"]) == ["2048", "9472", "10240"]  # by value, not as text
+    assert list(cells["expert budget (experts)"]) == ["2048", "9472", "10240"]  # by value, not as text
     assert list(cells["decode_tok_s"]) == ["1.0 tok/s", "3.0 tok/s", "4.0 tok/s"]
     assert list(cells["decode_hit_rate"]) == ["50.0 %", "90.0 %", "95.0 %"]
     assert list(cells["error"]) == ["boom", "", ""] and "<NA>" not in str(table.data[0].cells.values)
@@ -297,7 +298,7 @@ def test_sweep_heatmap_is_categorical_and_labelled(tmp_path):
         fig = figures[f"{metric} sweep"]
         heat = fig.data[0]
         assert fig.layout.xaxis.type == "category" and fig.layout.yaxis.type == "category"
-        assert fig.layout.xaxis.title.text == "cache (experts)" and fig.layout.yaxis.title.text == "reserve (GiB)"
+        assert fig.layout.xaxis.title.text == "expert budget (experts)" and fig.layout.yaxis.title.text == "VRAM reserve (GiB)"
         assert list(heat.x) == [2048, 9472] and list(heat.y) == [8, 12]  # in value order, not text order
         assert heat.texttemplate == label  # every cell shows its value
     assert figures["decode_tok_s sweep"].data[0].colorbar.title.text == "decode (tok/s)"
@@ -314,10 +315,11 @@ def test_what_changed_most_known_answer():
                           "decode_tok_s": [10.0, 30.0, 12.0, 31.0, None], "decode_hit_rate": [0.5] * 4 + [None],
                           "error": pd.array([None] * 4 + ["boom"], "string")})
     assert what_changed_most(frame, [CACHE, RESERVE]) == (
-        "Over 4 successful points (2 cache x 2 reserve): decode_tok_s goes from 10.0 tok/s (cache 2048 experts, "
-        "reserve 8 GiB) to 31.0 tok/s (cache 9472 experts, reserve 12 GiB). Cache moves it most, by 19.5 tok/s: "
-        "its mean is 11.0 tok/s at cache 2048 experts and 30.5 tok/s at cache 9472 experts; then reserve by "
-        "1.5 tok/s. decode_hit_rate is 50.0 % at every point.")
+        "Over 4 successful points (2 expert budget x 2 VRAM reserve): decode_tok_s goes from 10.0 tok/s (expert "
+        "budget 2048 experts, VRAM reserve 8 GiB) to 31.0 tok/s (expert budget 9472 experts, VRAM reserve 12 GiB). "
+        "Expert budget moves it most, by 19.5 tok/s: its mean is 11.0 tok/s at expert budget 2048 experts and "
+        "30.5 tok/s at expert budget 9472 experts; then VRAM reserve by 1.5 tok/s. decode_hit_rate is 50.0 % at "
+        "every point.")
     assert what_changed_most(frame.iloc[4:], [CACHE, RESERVE]) == ""  # no point succeeded
 
 

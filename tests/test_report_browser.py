@@ -22,7 +22,8 @@ import zlib
 import numpy as np
 import pytest
 
-from sim.engine.run import run_scenario, write_results
+from sim.simulate import run_scenario
+from sim.results import write_results
 from sim.explore.report import report_figures, write_report
 from sim.scenario import load_scenario
 

@@ -68,7 +68,7 @@ def test_a_point_that_does_not_load_records_its_error_without_running():
 
 
 def test_a_point_that_fails_at_run_time_records_one_line(monkeypatch):
-    import sim.engine.run as run_module
+    import sim.simulate as run_module
 
     def boom(scenario, record_values=None):
         raise RuntimeError("the engine fell over\nin two lines")

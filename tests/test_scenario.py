@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.engines.ds4.settings import Settings as Ds4Engine
+from sim.engines.strata.settings import Settings as StrataEngine
 from sim.errors import InputError
-from sim.engine.ds4_plan import Settings as Ds4Engine
-from sim.engine.strata_plan import Settings as StrataEngine
 from sim.scenario import load_scenario, scenario_hash
 from sim.trace.format import Trace, TraceHeader, write_trace
 

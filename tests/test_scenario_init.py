@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.model.hardware import load_hardware, load_hardware_file
+from sim.hardware import load_hardware, load_hardware_file
 from sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

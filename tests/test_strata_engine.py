@@ -19,18 +19,22 @@ import pytest
 import simpy
 import tomli_w
 
-from sim.engine import process_class
-from sim.engine import strata_plan as sp
-from sim.engine.records import Domain
-from sim.engine.run import extent_bytes, run_scenario
-from sim.engine.strata import FILE as FILE_HOME, PINNED_STAGING_BUFFERS, RAM_PAGEABLE as RAM_HOME
-from sim.engine.strata import RUNNING_STATE_BYTES, session_bytes
-from sim.engine.timeline import Recorder
-from sim.engine.workload import workload_routing
+from sim.engines import ENGINES
+from sim.engines.recorder import Recorder
+from sim.engines.records import Domain
+from sim.engines.strata.decode import pcie_frac, pcie_share, spread
+from sim.engines.strata.memory import PINNED_STAGING_BUFFERS
+from sim.engines.strata.pricing import RING_SLOTS_UNPINNED, bytes_needed, ring_slots
+from sim.engines.strata.sessions import RUNNING_STATE_BYTES, session_bytes
+from sim.engines.strata.settings import MIN_KEEP_SLOTS
+from sim.engines.strata.startup import FILE as FILE_HOME
+from sim.engines.strata.startup import RAM_PAGEABLE as RAM_HOME
 from sim.errors import InputError
 from sim.machine import Machine
+from sim.simulate import extent_bytes, run_scenario
 from sim.scenario import load_scenario
 from sim.units import GIB, MIB
+from sim.workload import workload_routing
 from tests.conftest import profile_with
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,7 +279,7 @@ def test_short_prompts_lend_only_what_they_need(tmp_path):
     loans = [x["loan_slots"] for x in st["requests"]]
     assert loans[0] == 0  # <= 64 tokens: decode windows only
     # roundup256(299) = 512 tokens, ring 8, at 262,144 cells (the QSA set outgrows the MoE set at 512 tokens)
-    need = sp.bytes_needed(512, sp.ring_slots(512, 0.0), max_cells=262_144)
+    need = bytes_needed(512, ring_slots(512, 0.0), max_cells=262_144)
     assert 0 < loans[1] < loans[2] < st["plan_lend"]["lent_slots"]
     assert loans[1] == pytest.approx(need / (1.95 * MiB), rel=0.05)
 
@@ -293,7 +297,7 @@ def test_mmap_fallback_when_the_complement_does_not_fit(tmp_path):
 def test_arena_mode_pins_everything(tmp_path):
     r, st = run_file(scenario_file(tmp_path, "arena", variant="v0.1.35", flags={"resident-experts": None}))
     assert st["ram_mode"] == "arena" and st["pinned_share"] == 1.0 and st["ram_plan"] is None
-    assert st["plan_lend"]["buffer_mib"] == pytest.approx(sp.bytes_needed(8192, 384) / MiB)  # ring 384
+    assert st["plan_lend"]["buffer_mib"] == pytest.approx(bytes_needed(8192, 384) / MiB)  # ring 384
     assert r.summary["file_blob_reads"] == 0
     assert any("arena" in n and "exceed" in n for n in st["notices"])  # 46.9 GiB of experts, 38.5 GiB of RAM
 
@@ -350,19 +354,19 @@ def test_a_context_whose_kv_does_not_fit_the_card_is_refused_naming_the_flag(tmp
 def test_pcie_frac_follows_the_probe_rule():
     # generate.cpp's probe: 0.55 at >= 20 GB/s (a 5090 at Gen4 x16 probed 28.3 -> 0.55); an A3000's starts at 6.9
     # and 5.8 GB/s logged pcie_frac 0.15 and 0.12 (Strata #485); none below 4 GB/s; Q2_0's canonical pack 0.2
-    assert sp.pcie_frac(28.3, False) == 0.55
-    assert round(sp.pcie_frac(6.9, False), 2) == 0.15 and round(sp.pcie_frac(5.8, False), 2) == 0.12
-    assert sp.pcie_frac(3.9, False) == 0.0 and sp.pcie_frac(28.3, True) == 0.2
+    assert pcie_frac(28.3, False) == 0.55
+    assert round(pcie_frac(6.9, False), 2) == 0.15 and round(pcie_frac(5.8, False), 2) == 0.12
+    assert pcie_frac(3.9, False) == 0.0 and pcie_frac(28.3, True) == 0.2
 
 
 def test_pcie_share_takes_a_share_of_the_pinned_misses_and_at_most_16():
-    share = sp.pcie_share(np.array([0, 10, 40, 100, 10]), np.array([0, 10, 40, 100, 3]), 0.55)
+    share = pcie_share(np.array([0, 10, 40, 100, 10]), np.array([0, 10, 40, 100, 3]), 0.55)
     # round(256 x 0.55) = 141: floor(10 x 141 / 256) = 5, floor(40 x 141 / 256) = 22 -> 16; 3 pinned of 10 -> 3
     assert share.tolist() == [0, 5, 16, 16, 3]
 
 
 def test_windows_spread_their_means_over_whole_tokens():
-    assert sp.spread(2.8, 5).tolist() == [3, 3, 2, 3, 3] and sp.spread(3.0, 4).sum() == 12
+    assert spread(2.8, 5).tolist() == [3, 3, 2, 3, 3] and spread(3.0, 4).sum() == 12
 
 
 def test_a_slower_cpu_pool_slows_a_miss_bound_decode(tmp_path):
@@ -384,7 +388,7 @@ def startup(path: Path):
     machine = Machine(simpy.Environment(), scenario.hardware_profile, extent_bytes(scenario.layout))
     domain = Domain("strata", scenario.layout.name, scenario.hardware_profile.name, None)
     domain.use_profile(scenario.hardware_profile, scenario.compute_key)
-    return process_class("strata")(scenario, workload_routing(scenario), Recorder(), machine, domain)
+    return ENGINES["strata"].process(scenario, workload_routing(scenario), Recorder(), machine, domain)
 
 
 BUDGET_1900 = {"expert-cache": 1900, "resident-experts": None, "resident-budget-gib": 32, "max-context": 65536}
@@ -399,39 +403,39 @@ def test_an_adaptive_swap_exchanges_ram_copies_only_when_the_victim_has_none(tmp
     # exchange_cache_complement (src/core/expert_source.cpp): "out takes in's place in the compact copy ... False,
     # and nothing changed, unless in is in the copy and out is not"
     e = startup(budget_box(tmp_path, "swap", "v0.1.40-live-guarded"))
-    E, layer = e.n_experts, 0
+    E, layer, place, decode = e.n_experts, 0, e.place, e.decode
     pairs = np.arange(layer * E, (layer + 1) * E)
-    resident, absent = pairs[e.on_gpu[pairs]], pairs[~e.on_gpu[pairs]]
+    resident, absent = pairs[place.on_gpu[pairs]], pairs[~place.on_gpu[pairs]]
     victims, cands = resident[:3], absent[:3]  # ascending ids: the tier pairs victims and candidates in this order
-    e.home[victims] = [FILE_HOME, RAM_HOME, RAM_HOME]
-    e.home[cands] = [RAM_HOME, FILE_HOME, RAM_HOME]
-    e.usage[:] = 0.0
-    e.usage[resident] = 5.0
-    e.usage[victims], e.usage[cands] = 0.0, 10.0
-    slots = e.slot_of[victims].copy()
-    swapped, _, d2h, file_reads = e._adapt()
-    assert swapped == 3 and (e.slot_of[cands] == slots).all() and e.on_gpu[cands].all() and not e.on_gpu[victims].any()
+    place.home[victims] = [FILE_HOME, RAM_HOME, RAM_HOME]
+    place.home[cands] = [RAM_HOME, FILE_HOME, RAM_HOME]
+    decode.usage[:] = 0.0
+    decode.usage[resident] = 5.0
+    decode.usage[victims], decode.usage[cands] = 0.0, 10.0
+    slots = place.slot_of[victims].copy()
+    swapped, _, d2h, file_reads = decode._adapt()
+    assert swapped == 3 and (place.slot_of[cands] == slots).all() and place.on_gpu[cands].all() and not place.on_gpu[victims].any()
     # in RAM, victim without a copy: exchanged (the victim's bytes go device -> host into the candidate's place)
-    assert e.home[victims[0]] == RAM_HOME and e.home[cands[0]] == FILE_HOME
+    assert place.home[victims[0]] == RAM_HOME and place.home[cands[0]] == FILE_HOME
     assert d2h == e.pair_blob[victims[0]]
     # from the file tier into a covered slot: the victim keeps its copy, the candidate has none
-    assert e.home[victims[1]] == RAM_HOME and e.home[cands[1]] == FILE_HOME and file_reads == 1
+    assert place.home[victims[1]] == RAM_HOME and place.home[cands[1]] == FILE_HOME and file_reads == 1
     # both in RAM: each keeps its own (the candidate's copy becomes a GPU-backed duplicate)
-    assert e.home[victims[2]] == RAM_HOME and e.home[cands[2]] == RAM_HOME
+    assert place.home[victims[2]] == RAM_HOME and place.home[cands[2]] == RAM_HOME
 
 
 def test_a_donor_is_a_gpu_backed_duplicate_before_a_ram_only_expert(tmp_path):
     # LIVE_MEMORY.md: "GPU-backed duplicates are preferred, followed by the coldest measured RAM occupant"
     e = startup(budget_box(tmp_path, "donor", "v0.1.40-live"))
-    E, layer = e.n_experts, 0
+    E, layer, place = e.n_experts, 0, e.place
     pairs = np.arange(layer * E, (layer + 1) * E)
-    resident, absent = pairs[e.on_gpu[pairs]], pairs[~e.on_gpu[pairs]]
+    resident, absent = pairs[place.on_gpu[pairs]], pairs[~place.on_gpu[pairs]]
     lent, duplicate = resident[:1], resident[1]
-    e.home[pairs] = FILE_HOME
-    e.home[duplicate] = RAM_HOME
-    e.home[absent[:2]] = RAM_HOME  # RAM-only experts
-    list(e._donate(lent))
-    assert e.home[lent[0]] == RAM_HOME and e.home[duplicate] == FILE_HOME and (e.home[absent[:2]] == RAM_HOME).all()
+    place.home[pairs] = FILE_HOME
+    place.home[duplicate] = RAM_HOME
+    place.home[absent[:2]] = RAM_HOME  # RAM-only experts
+    list(e.loans._donate(lent))
+    assert place.home[lent[0]] == RAM_HOME and place.home[duplicate] == FILE_HOME and (place.home[absent[:2]] == RAM_HOME).all()
 
 
 def test_swaps_leave_guarded_loans_outside_ram_and_donors_cover_them(tmp_path):
@@ -454,7 +458,7 @@ def test_a_default_reserve_adapts_to_fund_the_smallest_loan_and_a_given_one_does
     box = dict(variant="v0.1.40-live", hardware="rtx-4070-laptop-8gb-windows", requests=((1137, 2),))
     r, st = run_file(scenario_file(tmp_path, "default", flags=flags, **box))
     assert 300 <= st["vram_reserve_mib"] < 700 and any("(#496)" in n for n in st["notices"])
-    assert r.summary["lent_slots"] > 0 and st["cache_slots"] >= st["plan_lend"]["lent_slots"] + sp.MIN_KEEP_SLOTS
+    assert r.summary["lent_slots"] > 0 and st["cache_slots"] >= st["plan_lend"]["lent_slots"] + MIN_KEEP_SLOTS
     _, given = run_file(scenario_file(tmp_path, "given", flags={**flags, "vram-reserve-mib": 700}, **box))
     assert given["vram_reserve_mib"] == 700 and given["plan_lend"]["owned"]
 
@@ -466,7 +470,7 @@ def test_mapped_experts_have_no_ram_copy_and_take_the_unpinned_ring(tmp_path):
     r, st = run_file(scenario_file(tmp_path, "mmap", variant="v0.1.39b",
                                    flags={"resident-experts": None, "mmap-experts": True}, requests=((9000, 8),)))
     assert st["ram_mode"] == "mmap" and st["pinned_share"] == 0.0 and st["ram_plan"] is None
-    assert st["ring_slots"] == sp.RING_SLOTS_UNPINNED
+    assert st["ring_slots"] == RING_SLOTS_UNPINNED
     assert r.summary["file_blob_reads"] == st["lent_slots"] > 0
 
 
@@ -502,7 +506,7 @@ def test_a_driver_pin_limit_pins_the_arena_layer_by_layer(tmp_path):
 
 def test_the_attention_half_share_is_the_kernels_multiply_adds():
     # per token and layer (reference/strata-engine.md §2.1): n_embd 2560, hc 4 x 2560 = 10240 with low rank 320
-    from sim.engine.strata import ATTENTION_HALF_SHARE
+    from sim.engines.strata.prompt_stream import ATTENTION_HALF_SHARE
     hc_read = 10240 * 320 * 2 + 10240 * 4
     gdn = 2560 * 10240 + 2560 * 6144 + 2 * 2560 * 48 + 6144 * 2560 + 4 * 48 * 128 * 128
     qsa = 2560 * 12288 + 2 * 2560 * 512 + 2560 * 128 + 2560 * 512 + 6144 * 2560 + 2048 * 24 * 256 * 2 + 16384 * 128
@@ -516,7 +520,7 @@ def test_a_small_ring_stalls_the_copy_stream_through_the_attention_half(tmp_path
     # (no driver limit), so each blob is one DMA at the profile's 16 GB/s. During a layer's attention half the copy
     # stream can run at most `ring` blobs ahead (prefill.cpp: a slot is reused only once the compute stream is done
     # with it), so a layer takes at least its attention half plus the copies the ring could not take in it.
-    from sim.engine.strata import ATTENTION_HALF_SHARE
+    from sim.engines.strata.prompt_stream import ATTENTION_HALF_SHARE
     data = tomllib.loads((ROOT / "scenarios" / "hardware" / "rtx-5070-12gb-windows.toml").read_text())
     data["name"] = "rtx-5070-unbounded-pin"
     del data["host"]["gpu_pinnable_gib"]

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from sim.errors import InputError
 from sim.explore.runner import make_point
-from sim.explore.uncertainty import Input, latin_hypercube, propagate, quantiles, rule_for, uncertain_inputs, \
-    with_values
-from sim.model.hardware import load_hardware
+from sim.explore.uncertainty import Input, latin_hypercube, propagate, quantiles, rule_for, uncertain_inputs
+from sim.hardware import with_values
+from sim.hardware import load_hardware
 from sim.schema import read_toml
 from sim.scenario import load_scenario, scenario_hash
 

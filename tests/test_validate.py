@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.engine.records import RECORDS
+from sim.engines.records import RECORDS
 from sim.errors import InputError
 from sim.explore.validate import CASES_DIR, TOLERANCE, Measured, band_reason, compare, load_case, load_cases
 

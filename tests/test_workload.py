@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sim.engine.run as run_module
-from sim.engine import workload
-from sim.engine.run import run_scenario
-from sim.engine.workload import clear_routing_memo, memo_stats, routing_key, workload_routing
+import sim.simulate as run_module
+from sim import workload
+from sim.simulate import run_scenario
+from sim.workload import clear_routing_memo, memo_stats, routing_key, workload_routing
 from sim.explore.runner import load_scenario_data
 from sim.schema import read_toml
 from sim.scenario import load_scenario

@@ -29,7 +29,7 @@ def _slug(name: str) -> str:
 
 
 def _version() -> str:
-    from sim import __version__
+    from sim.version import __version__
 
     return __version__
 
@@ -84,7 +84,7 @@ def calibration_for_results(results: Path, calibration: Path | None) -> dict:
     except (OSError, ValueError, KeyError, TypeError):
         raise InputError(str(results), "--calibration", "(none)",
                          "give --calibration FILE (the run's summary.json names no hardware profile)") from None
-    from sim.model.hardware import load_hardware
+    from sim.hardware import load_hardware
 
     profile = load_hardware(profile_ref, base=Path(results))
     return fileformat.load_for_profile(profile)

@@ -30,7 +30,7 @@ import pandas as pd
 
 from sim.calibrate import fit
 from sim.errors import InputError
-from sim.model.hardware import CALIBRATION_SCHEMA as SCHEMA, CALIBRATION_SCHEMA_VERSION as SCHEMA_VERSION
+from sim.hardware import CALIBRATION_SCHEMA as SCHEMA, CALIBRATION_SCHEMA_VERSION as SCHEMA_VERSION
 
 PUBLISHED_NOTE = "published figures, not measured by expertsim"
 UNITS = {"gbps": "GB/s"}  # every other term is in microseconds

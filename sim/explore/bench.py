@@ -81,8 +81,8 @@ def _scenario_rows(scenarios: list, targets: bool) -> list[dict]:
     """Wall time of each scenario (routing built, engine simulated, summary made), best of 2, and the routed
     expert selections it simulated per second of wall time; with `targets`, against the seed scenarios' targets
     (< 1 s, >= 1 M accesses/s: a user's scenario of a long prompt has no such bound)."""
-    from sim.engine.run import run_scenario
-    from sim.engine.workload import clear_routing_memo
+    from sim.simulate import run_scenario
+    from sim.workload import clear_routing_memo
 
     rows = []
     for name, scenario in scenarios:
@@ -109,8 +109,8 @@ LONG_PROMPT_TOKENS = 262_144
 
 
 def long_prompt_rows() -> list[dict]:
-    from sim.engine.run import run_scenario
-    from sim.engine.workload import clear_routing_memo, workload_routing
+    from sim.simulate import run_scenario
+    from sim.workload import clear_routing_memo, workload_routing
     from sim.scenario import load_scenario
     from sim.schema import read_toml
 
@@ -136,12 +136,11 @@ def long_prompt_rows() -> list[dict]:
 # Issue 12's memory target: a 1,000,000-token prompt in < 2 GB, the whole `expertsim run` (routing, engine,
 # results) in a process of its own. Its peak is the VmHWM of its own address space, which it writes when it
 # ends: the rusage of a child (ru_maxrss, os.wait4) starts from the parent's peak on Linux (exec records the
-# forked copy's high-water mark), which would report this benchmark's own 2.5 GiB. Both engines' seeds, their
-# context raised to hold the prompt (each engine refuses a prompt beyond it).
+# forked copy's high-water mark), which would report this benchmark's own 2.5 GiB. Both timed engines' seeds, their
+# context (Engine.context_key) raised to hold the prompt (each engine refuses a prompt beyond it).
 MILLION_PROMPT_TOKENS = 1_000_000
 MILLION_PROMPT_LIMIT_BYTES = 2_000_000_000  # "< 2 GB"
-MILLION_PROMPT_RUNS = (("ds4", "ds4-504-per-class", "engine.flags.ctx"),
-                       ("strata", "strata-658-own", "engine.flags.max-context"))
+MILLION_PROMPT_SCENARIOS = ("ds4-504-per-class", "strata-658-own")
 # The child: the console script's main() with the peak written on the way out (argv[1]: where to write it).
 _PEAK_CHILD = """import sys
 from pathlib import Path
@@ -162,11 +161,16 @@ def million_prompt_rows() -> list[dict]:
 
     if not Path("/proc/self/status").is_file():  # VmHWM is Linux's
         return []
+    from sim.engines import ENGINES
+    from sim.schema import read_toml
+
     rows = []
-    for engine, name, context_key in MILLION_PROMPT_RUNS:
+    for name in MILLION_PROMPT_SCENARIOS:
         path = Path(__file__).resolve().parents[2] / "scenarios" / f"{name}.toml"
         if not path.is_file():
             continue
+        engine = read_toml(path, str(path))["engine"]["name"]
+        context_key = ENGINES[engine].context_key
         with tempfile.TemporaryDirectory() as tmp:
             peak_file = Path(tmp) / "peak_kib"
             command = [sys.executable, "-c", _PEAK_CHILD, str(peak_file), "run", str(path), "-o",

@@ -5,8 +5,8 @@
     plan.best.settings, plan.explanations
 
 Candidates come from `sweep.expand_grid` (the same `--grid KEY=...` spelling and checks); combinations that
-cannot load, and ones the pure memory planners show cannot fit (ds4: the reserve leaves no VRAM for a cache;
-Strata: the reserve exceeds the VRAM free at sizing), are pruned before running. Each remaining candidate is
+cannot load, and ones the engine's memory plan shows cannot fit (Engine.plan_memory: why no expert cache can
+exist, a reserve larger than what is free at sizing), are pruned before running. Each remaining candidate is
 simulated by the experiment runner (sim/explore/runner.py: here, or on spawned processes with workers > 1).
 Constraints filter, the objective ranks, ties go to the candidate that changes fewest settings of the scenario.
 Each recommended
@@ -20,9 +20,9 @@ import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from sim import engine as engines
+from sim.engines import ENGINES, engine_of
+from sim.engines.base import setting
 from sim.errors import InputError
 from sim.explore.runner import METRICS, load_scenario_data, run_points
 
@@ -94,15 +94,6 @@ def parse_objective(text: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------------------ defaults
 
 
-def _get(data: dict, key: str):
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _spec(key: str, values: list) -> str:
     def show(v):
         if isinstance(v, bool):
@@ -113,14 +104,18 @@ def _spec(key: str, values: list) -> str:
 
 def default_knobs(data: dict) -> tuple[list[tuple[str, list]], list[tuple[str, list]]]:
     """(primary, secondary) knobs with their default candidates, the scenario's own value first: the
-    engine's own search space (its rules' `knobs`). Primary knobs are searched as a full grid; secondary
+    engine's own search space (Engine.search_space). Primary knobs are searched as a full grid; secondary
     ones one at a time from the best primary candidate."""
-    return engines.rules((data.get("engine") or {}).get("name")).knobs(data)
+    axes = ENGINES[(data.get("engine") or {}).get("name")].search_space(data)
+    return ([(a.knob.key, a.values) for a in axes if a.primary], [(a.knob.key, a.values) for a in axes if not a.primary])
 
 
 def prune_reason(scenario) -> str | None:
-    """Why a loaded candidate cannot fit (the engine's pure memory rules), else None."""
-    return engines.rules(scenario.engine.name).prune(scenario)
+    """Why a loaded candidate cannot fit (the engine's memory plan, or its refusal to start), else None."""
+    try:
+        return engine_of(scenario).plan_memory(scenario).why_no_cache
+    except InputError as exc:  # the engine would refuse to start: nothing to run
+        return exc.why
 
 
 @dataclass
@@ -264,7 +259,7 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
     load_scenario(path)  # a bad scenario fails first, with the loader's own line
     base = read_toml(Path(path), path)
     engine = (base.get("engine") or {}).get("name")
-    key, sign = parse_objective(objective or engines.rules(engine).DEFAULT_OBJECTIVE)
+    key, sign = parse_objective(objective or ENGINES[engine].default_objective)
     if grids:
         primary = []
         for spec in grids:
@@ -274,7 +269,7 @@ def make_plan(scenario_path: str | Path, objective: str | None = None, constrain
     else:
         primary, secondary = default_knobs(base)
     knobs = [k for k, _ in primary + secondary]
-    base_settings = {k: _get(base, k) for k in knobs}
+    base_settings = {k: setting(base, k) for k in knobs}
     seen: dict = {}
     # stage 1: the primary knobs as a full grid, the secondary ones at their first candidate
     stage1 = primary + [(k, v[:1]) for k, v in secondary]
@@ -320,7 +315,8 @@ UNITS = {"decode_tok_s": "tok/s decode", "prefill_tok_s": "tok/s prefill", "ttft
 
 
 def _label(plan: "Plan", key: str, value) -> str:
-    return engines.rules(plan.engine).KNOB_LABELS.get((key, value), f"{key.rsplit('.', 1)[-1]}={value}")
+    knob = ENGINES[plan.engine].knob(key)
+    return knob.label(value) if knob is not None else f"{key.rsplit('.', 1)[-1]}={value}"
 
 
 def _num(value, metric: str) -> str:
@@ -345,7 +341,8 @@ def explain(plan: Plan) -> list[str]:
     for knob in plan.knobs:
         alts = [c for c in plan.candidates if c is not best and c.settings.get(knob) != best.settings.get(knob)
                 and all(c.settings.get(k) == best.settings.get(k) for k in plan.knobs if k != knob)]
-        name = engines.rules(plan.engine).KNOB_NAMES.get(knob, knob)
+        known = ENGINES[plan.engine].knob(knob)
+        name = known.title if known is not None else knob
         chosen = _label(plan, knob, best.settings.get(knob))
         keep = " (the scenario's own)" if plan.base_settings.get(knob) == best.settings.get(knob) else ""
         if not alts:
@@ -390,7 +387,7 @@ def _compare(best: Candidate, alt: Candidate, other: str, key: str, plan: Plan) 
 def _owns(plan: "Plan", c: Candidate) -> bool:
     m = c.metrics or {}
     return (m.get("lent_slots") == 0 and (m.get("prefill_buffer_mib") or 0) > 0
-            and engines.rules(plan.engine).owned_buffers(c.settings))
+            and ENGINES[plan.engine].owned_buffers(c.settings))
 
 
 __all__ = ["Constraint", "NoFeasiblePlan", "Plan", "default_knobs", "explain", "make_plan", "parse_constraint",

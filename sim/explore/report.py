@@ -8,7 +8,7 @@ The HTML embeds the plotly.js bundle inline (no CDN, no network; `plotly_js="cdn
 its CDN instead) and each figure's spec as a JSON `<script type="application/json" class="expertsim-figure">`
 block, plotly's default template once for all of them, drawn by a small inline script. A sweep report opens with
 a "what changed most" paragraph (`what_changed_most`). Axes are titled with a short name and unit: grid keys from
-DIMENSION_NAMES, metrics from their suffix (docs/metrics.md).
+the engines' knobs, metrics from their suffix (docs/metrics.md).
 
 Link lanes (timeline figure and Perfetto trace) are the machine's busy intervals as its resources logged them
 (links.parquet, sim/machine/). A results folder written before links.parquet existed has only
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.engine.timeline import LINK_COLUMNS
+from sim.results import LINK_COLUMNS
 from sim.errors import InputError
 from sim.outputs import dumps
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL
@@ -43,7 +43,7 @@ RUN_FILES = ("summary.json", "steps.parquet")
 # One figure per metric a sweep's rows hold (all-null metrics are skipped: a cache-only replay has no tok/s,
 # an engine run no overall hit_rate).
 SWEEP_METRICS = ("decode_tok_s", "prefill_tok_s", "decode_hit_rate", "prefill_hit_rate", "hit_rate")
-ROUTING_COLUMNS = ("phase", "token", "layer", "class", "expert_bytes", "experts")  # sim.engine.run.routing_table
+ROUTING_COLUMNS = ("phase", "token", "layer", "class", "expert_bytes", "experts")  # sim.results.routing_table
 # Cache sizes per size class of the miss-ratio figure, log-spaced from 1 slot to every key the request touches.
 # The exact LRU curve has one value per slot count (up to 37 x 256 = 9,472 for ds4's q2 class): 200 points keep
 # its shape and the figure's JSON to a few tens of kB. The Belady bound costs one OPT replay per size: 12.
@@ -52,17 +52,6 @@ BELADY_POINTS = 12
 # A grid dimension with at most this many values (or any text value) is drawn on a categorical axis: one tick per
 # value, evenly spaced, and in a heatmap one labelled cell each. Longer numeric ranges keep a linear axis.
 CATEGORY_MAX_VALUES = 12
-# Short axis names and units of the grid keys the shipped scenarios sweep (the engines' own flag semantics:
-# ds4 reads its reserve as whole GiB, Strata's --expert-cache is a byte budget of N of its largest experts).
-# Other keys are named by their last dotted part (`_dimension_name`).
-DIMENSION_NAMES = {
-    "engine.flags.ssd-streaming-cache-experts": ("cache", "experts"),
-    "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB": ("reserve", "GiB"),
-    "engine.flags.expert-cache": ("expert cache", "experts"),
-    "engine.flags.vram-reserve-mib": ("VRAM reserve", "MiB"),
-    "engine.flags.slots": ("cache", "slots"),
-    "engine.flags.prefill-chunk": ("prefill chunk", "tokens"),
-}
 PLOTLY_JS_MODES = ("inline", "cdn")  # plotly.js in the page (works offline) or a <script src> to plotly's CDN
 
 
@@ -70,10 +59,13 @@ PLOTLY_JS_MODES = ("inline", "cdn")  # plotly.js in the page (works offline) or 
 
 
 def _dimension_name(key: str) -> tuple[str, str]:
-    """A grid key's short name and unit ("" for none): DIMENSION_NAMES, else its last dotted part."""
-    if key in DIMENSION_NAMES:
-        return DIMENSION_NAMES[key]
-    return key.rsplit(".", 1)[-1], ""
+    """A grid key's short name and unit ("" for none): an engine's knob of that key (Engine.knobs: the engines' own
+    flag semantics, ds4's reserve in whole GiB, Strata's --expert-cache a count of its largest experts), else its
+    last dotted part."""
+    from sim.engines import ENGINES
+
+    knob = next((k for engine in ENGINES.values() for k in engine.knobs if k.key == key), None)
+    return (knob.name, knob.unit) if knob is not None else (key.rsplit(".", 1)[-1], "")
 
 
 def _is_rate(metric: str) -> bool:

@@ -10,10 +10,10 @@ of the validation cases) all go through here, so a point gives the same row whic
 (tests/test_runner.py), with one error policy: a point that does not load or fails records its error in one
 line and the others go on.
 
-The one-pass path: points of a cache-only replay with an evicting LRU (policy lru, prefill-mode evict) that
-differ only in the slot count `engine.flags.slots` are grouped, and each group is computed from one miss-ratio
-curve (sim.cache.replay.lru_mrc) instead of a replay per point: LRU is a stack algorithm only when every miss
-evicts, so the curve's hits at c slots are exactly a replay's. Column `method` says which path made a row.
+The one-pass path: points whose engine computes a knob's values in one pass (Engine.one_pass: the cache-only
+replay's slot count with an evicting LRU, from one miss-ratio curve, exact because LRU is a stack algorithm when
+every miss evicts) and that differ only in that knob are grouped, a task per group instead of a run per point.
+Column `method` says which path made a row.
 """
 
 from __future__ import annotations
@@ -30,26 +30,26 @@ from typing import Any, Callable, Iterator
 from sim.errors import InputError
 from sim.units import MIB
 
-# The numbers every row carries: a run's headline (docs/metrics.md). A cache-only replay's rows add
-# REPLAY_METRICS (its tok/s, TTFT... are null): sim.engine.cache_only.FIGURES.
+# The numbers every row carries: a run's headline (docs/metrics.md). An engine's rows may add its own
+# (Engine.extra_metrics: a cache-only replay's hit rate, misses and bytes; its tok/s, TTFT... are null).
 METRICS = ("cache_slots", "planned_cache_slots", "cache_mib", "lent_slots", "prefill_buffer_mib", "file_blob_reads",
            "prefill_tok_s", "decode_tok_s", "decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate",
            "belady_gap", "ttft_s", "simulated_s", "gpu_idle_s", "vram_peak_mib", "vram_free_mib", "ram_peak_mib")
-REPLAY_METRICS = ("hit_rate", "misses", "load_bytes")
 # whole numbers
 COUNTS = ("cache_slots", "planned_cache_slots", "lent_slots", "file_blob_reads", "misses", "load_bytes")
-SLOTS_KEY = "engine.flags.slots"  # the replay's slot count: the dimension the one-pass path computes
+RECORD_INPUT = "record."  # a point's profile value naming a calibration record: record.<id>
 EXECUTORS = ("inline", "processes", "dask")
 # share_routing's smallest number of tasks per worker: a batch of points that all route alike still comes in
 # this many pieces a worker, so the workers finish near together (a scheduling choice, no model input)
 SHARED_TASKS_PER_WORKER = 8
 
 
-def load_scenario_data(path: str | Path, data: dict):
-    """`load_scenario(path)` with `data` in place of the file's parsed TOML."""
+def load_scenario_data(path: str | Path, data: dict, profile_values: dict | None = None):
+    """`load_scenario(path)` with `data` in place of the file's parsed TOML (and `profile_values` in place of some
+    of its profile's figures)."""
     from sim.scenario import load_scenario
 
-    return load_scenario(path, copy.deepcopy(data))
+    return load_scenario(path, copy.deepcopy(data), profile_values)
 
 
 # ---------------------------------------------------------------------------------------------- points
@@ -123,7 +123,7 @@ def make_point(path: str | Path, base: dict, overrides: dict, base_hash: str) ->
 
 def load_point(path: str | Path, base: dict, overrides: dict, base_hash: str) -> tuple[Point, InputError | None]:
     """`make_point`, with the loader's error itself when the point does not load."""
-    from sim.engine.workload import routing_key
+    from sim.workload import routing_key
     from sim.scenario import scenario_hash
 
     path = str(path)
@@ -152,9 +152,17 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
+def _engine(data: dict):
+    """The engine a point's data names (None for a name no engine has: the point did not load)."""
+    from sim.engines import ENGINES
+
+    return ENGINES.get((data.get("engine") or {}).get("name"))
+
+
 def metrics_of(data: dict) -> tuple[str, ...]:
-    """A row's metric columns: the headline, plus a cache-only replay's hit rates, misses and bytes."""
-    return METRICS + REPLAY_METRICS if (data.get("engine") or {}).get("name") == "replay" else METRICS
+    """A row's metric columns: the headline, plus its engine's own (Engine.extra_metrics)."""
+    engine = _engine(data)
+    return METRICS + (engine.extra_metrics if engine is not None else ())
 
 
 def _row(point: Point, found: dict, error: str | None, method: str | None, wall_s: float | None,
@@ -166,27 +174,29 @@ def _row(point: Point, found: dict, error: str | None, method: str | None, wall_
 
 def _figures(scenario, summary: dict) -> dict:
     found = dict(summary)
-    if "vram_peak_mib" in summary and scenario.engine.name != "replay":
+    if "vram_peak_mib" in summary:  # a timed run's
         found["vram_free_mib"] = scenario.hardware_profile.vram_bytes / MIB - summary["vram_peak_mib"]
     return found
 
 
+def split_values(values: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """A sample's values as (hardware-profile figures, calibration records by id)."""
+    profile = {k: v for k, v in values.items() if not k.startswith(RECORD_INPUT)}
+    records = {k[len(RECORD_INPUT):]: v for k, v in values.items() if k.startswith(RECORD_INPUT)}
+    return profile, records
+
+
 def evaluate(point: Point) -> dict:
     """Simulate one point: its row (METRICS, the engine's notices and out-of-domain notes, or `error`)."""
-    from sim.engine.run import run_scenario
+    from sim.simulate import run_scenario
 
     if point.error is not None:
         return _row(point, {}, point.error, None, 0.0)
     start = time.perf_counter()
     try:
-        scenario = load_scenario_data(point.scenario_path, point.data)
-        record_values = None
-        if point.profile_values:
-            from sim.explore.uncertainty import split_values, with_values
-
-            profile_values, record_values = split_values(point.profile_values)
-            scenario._hardware_profile = with_values(scenario.hardware_profile, profile_values)
-        summary = run_scenario(scenario, record_values).summary
+        profile_values, record_values = split_values(point.profile_values or {})
+        scenario = load_scenario_data(point.scenario_path, point.data, profile_values)
+        summary = run_scenario(scenario, record_values or None).summary
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
         return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
     notices = list(dict.fromkeys(summary.get("notices", [])))
@@ -195,31 +205,28 @@ def evaluate(point: Point) -> dict:
 
 
 def evaluate_mrc(points: list[Point]) -> list[dict]:
-    """The rows of points that differ only in SLOTS_KEY (a cache-only evicting LRU), from one one-pass miss-ratio
-    curve. Each row is the one `evaluate` gives, but for method "mrc" and wall_s: the group's time shared out."""
-    from sim.engine.cache_only import mrc_figures
-
+    """The rows of points that differ only in their engine's one-pass knob, from one pass (a miss-ratio curve).
+    Each row is the one `evaluate` gives, but for method "mrc" and wall_s: the group's time shared out."""
     start = time.perf_counter()
+    knob = one_pass_knob(points[0])
     try:
         scenario = load_scenario_data(points[0].scenario_path, points[0].data)  # every point's other settings
-        figures, error = mrc_figures(scenario, [p.overrides[SLOTS_KEY] for p in points]), None
+        figures = _engine(points[0].data).one_pass_figures(scenario, [p.overrides[knob] for p in points])
+        error = None
     except Exception as exc:  # noqa: BLE001 - every point of the group records the error evaluate would
         figures, error = [{}] * len(points), one_line(exc)
     wall_s = (time.perf_counter() - start) / len(points)
     return [_row(p, found, error, "mrc", wall_s) for p, found in zip(points, figures)]
 
 
-def mrc_exact(point: Point) -> bool:
-    """Whether the one-pass curve gives this point exactly: a cache-only replay with an evicting LRU, its slot
-    count overridden by a whole number (the same count in every pool)."""
-    engine = point.data.get("engine") or {}
-    if point.error is not None or engine.get("name") != "replay" or SLOTS_KEY not in point.overrides:
-        return False
-    from sim.cache.replay import mrc_exact as exact  # numba: imported only for a replay's points
-    from sim.scenario import ReplayFlags
-
-    flags = ReplayFlags.model_validate(engine.get("flags", {}))  # the point loaded: its flags are valid
-    return isinstance(point.overrides[SLOTS_KEY], int) and exact(flags.policy, flags.prefill_mode)
+def one_pass_knob(point: Point) -> str | None:
+    """The knob the point's engine computes in one pass for its settings, when the point sets it to a whole number
+    (the same count in every pool); None otherwise (the point runs)."""
+    engine = None if point.error is not None else _engine(point.data)
+    if engine is None:
+        return None
+    knob = engine.one_pass(point.data["engine"])
+    return knob if knob is not None and isinstance(point.overrides.get(knob), int) else None
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -227,7 +234,7 @@ def mrc_exact(point: Point) -> bool:
 
 def evaluate_shared(points: list[Point]) -> list[dict]:
     """Points that route alike (one `routing_key`), one after another in one worker: the first builds the
-    routing, the others take it from the worker's memo (sim.engine.workload). Each row is `evaluate`'s."""
+    routing, the others take it from the worker's memo (sim.workload). Each row is `evaluate`'s."""
     return [evaluate(p) for p in points]
 
 
@@ -264,8 +271,9 @@ def plan_tasks(points: list[Point], mrc: bool = True, share_routing: bool = Fals
     groups: dict[str, list[Point]] = {}
     singles: list[Point] = []
     for p in points:
-        if mrc and mrc_exact(p):
-            rest = {k: v for k, v in p.overrides.items() if k != SLOTS_KEY}
+        knob = one_pass_knob(p) if mrc else None
+        if knob is not None:
+            rest = {k: v for k, v in p.overrides.items() if k != knob}
             groups.setdefault(json.dumps(rest, sort_keys=True), []).append(p)
         else:
             singles.append(p)
@@ -454,7 +462,7 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
 
 
 __all__ = [
-    "COUNTS", "EXECUTORS", "METRICS", "Point", "REPLAY_METRICS", "SLOTS_KEY", "Task", "evaluate", "evaluate_mrc",
-    "evaluate_shared", "load_point", "load_scenario_data", "make_point", "metrics_of", "mrc_exact", "one_line", "plan_tasks",
-    "point_id", "run_points", "set_key", "split_key"
+    "COUNTS", "EXECUTORS", "METRICS", "Point", "RECORD_INPUT", "Task", "evaluate", "evaluate_mrc", "evaluate_shared",
+    "load_point", "load_scenario_data", "make_point", "metrics_of", "one_line", "one_pass_knob", "plan_tasks",
+    "point_id", "run_points", "set_key", "split_key", "split_values",
 ]

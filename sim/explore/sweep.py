@@ -39,8 +39,9 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from sim.engines import extra_metrics
 from sim.errors import InputError
-from sim.explore.runner import COUNTS, METRICS, REPLAY_METRICS, Point, load_point, run_points, set_key, split_key
+from sim.explore.runner import COUNTS, METRICS, Point, load_point, run_points, set_key, split_key
 
 SCHEMA = "expertsim.sweep/1"
 MAX_RANGE_VALUES = 100_000
@@ -68,17 +69,17 @@ def _field(model, name: str):
 
 def _expects_string(data: dict, parts: list[str | int]) -> bool:
     """Whether the schema wants a string at `parts` (then the grid keeps the text as typed)."""
-    from sim import engine as engines
-    from sim.scenario import ReplayEngine, Request, Scenario, TraceSource
+    from sim.engines import ENGINES
+    from sim.scenario import Request, Scenario, TraceSource
 
     head = [p for p in parts if not isinstance(p, int)]
     if len(head) == 3 and head[:2] == ["engine", "env"]:
         return True
-    name = (data.get("engine") or {}).get("name")
-    engine = ReplayEngine if name == "replay" else engines.rules(name if name in engines.names() else "strata").Settings
-    owner = {1: {(): Scenario}, 2: {("engine",): engine, ("trace",): TraceSource},
-             3: {("engine", "flags"): engine.model_fields["flags"].annotation,
-                 ("workload", "requests"): Request}}.get(len(head), {}).get(tuple(head[:-1]))
+    engine = ENGINES.get((data.get("engine") or {}).get("name"))
+    settings = None if engine is None else engine.Settings  # an unknown engine: the point will not load
+    flags = None if settings is None else settings.model_fields["flags"].annotation
+    owner = {1: {(): Scenario}, 2: {("engine",): settings, ("trace",): TraceSource},
+             3: {("engine", "flags"): flags, ("workload", "requests"): Request}}.get(len(head), {}).get(tuple(head[:-1]))
     info = _field(owner, head[-1]) if owner is not None else None
     return info is not None and _base_types(info.annotation) == {str}
 
@@ -215,7 +216,7 @@ def _row_frame(row: dict, overrides: dict) -> pd.DataFrame:
     flat = {**row, "overrides": json.dumps(overrides, sort_keys=True),
             "notices": json.dumps(row.get("notices") or []), "out_of_domain": json.dumps(row.get("out_of_domain") or [])}
     frame = pd.DataFrame([flat])
-    for k in (*METRICS, *REPLAY_METRICS):
+    for k in (*METRICS, *extra_metrics()):
         if k in frame:
             frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
     for k in ("error", "scenario_hash", "method", "notices", "out_of_domain"):

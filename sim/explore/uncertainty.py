@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.explore.runner import RECORD_INPUT
+from sim.hardware import INTEGER_INPUTS, SSD_TABLE
+
 # (field pattern, low factor, high factor, why): the range of an estimated figure of that field, as factors of
 # the estimate. Patterns are the profile's dotted keys (compute.*.x matches every model class).
 RULES: tuple[tuple[str, float, float, str], ...] = (
@@ -69,9 +72,6 @@ RULES: tuple[tuple[str, float, float, str], ...] = (
     ("unified.copy_fixed_latency_us", 0.5, 2.0, "3-6 us per copy assumed (hw §0 rule 2)"),
     ("unified.gpu_allocatable_gib", 0.85, 1.0, "the share the GPU may hold is a driver/OS setting, at most the pool"),
 )
-INTEGER_INPUTS = ("host.hardware_threads", "host.physical_cores")
-RECORD_INPUT = "record."  # an input naming a calibration record: record.<id>
-SSD_TABLE = "ssd.read_gbps_by_queue_depth"  # its points must keep rising with the queue depth: one factor for all
 
 
 @dataclass(frozen=True)
@@ -120,26 +120,17 @@ def uncertain_inputs(scenario) -> list[Input]:
 def record_inputs(scenario) -> list[Input]:
     """The calibration records the scenario's engine reads outside their key (engine, model, hardware, context),
     each over the spread of the runs it was fitted on; a record fitted on one run has no spread and stays as is."""
-    from sim.engine import names, rules
-    from sim.engine.records import BY_ID
-    from sim.engine.run import context_tokens
+    from sim.engines import engine_of
+    from sim.engines.records import BY_ID
 
-    if scenario.engine.name not in names():
-        return []
-    key = (scenario.engine.name, scenario.layout.name, scenario.hardware_profile.name, context_tokens(scenario))
+    engine = engine_of(scenario)
+    key = (engine.name, scenario.layout.name, scenario.hardware_profile.name, engine.context_tokens(scenario.engine))
     found = []
-    for record_id in rules(scenario.engine.name).records_read(scenario):
+    for record_id in engine.records_read(scenario):
         r = BY_ID[record_id]
         if r.spread is not None and r.key_differences(*key):
             found.append(Input(RECORD_INPUT + r.id, r.value, r.spread[0], r.spread[1], r.spread_source))
     return found
-
-
-def split_values(values: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-    """A sample's values as (hardware-profile figures, calibration records by id)."""
-    profile = {k: v for k, v in values.items() if not k.startswith(RECORD_INPUT)}
-    records = {k[len(RECORD_INPUT):]: v for k, v in values.items() if k.startswith(RECORD_INPUT)}
-    return profile, records
 
 
 def latin_hypercube(inputs: list[Input], n: int, seed: int = 0) -> np.ndarray:
@@ -155,32 +146,6 @@ def latin_hypercube(inputs: list[Input], n: int, seed: int = 0) -> np.ndarray:
         if inp.path in INTEGER_INPUTS:
             values[:, j] = np.maximum(1, np.round(values[:, j]))
     return values
-
-
-def with_values(profile, values: dict[str, float]):
-    """The profile with some figures replaced (dotted keys as `quantities()` names them), revalidated."""
-    from sim.model.hardware import HardwareProfile
-
-    data = profile.model_dump()
-    for path, value in values.items():
-        if path == SSD_TABLE + "[*]":
-            for point in data["ssd"]["read_gbps_by_queue_depth"]:
-                point["value"] *= float(value)
-            continue
-        if path.startswith("compute."):  # a model class key may hold dots itself (qwen3.8-flash-next)
-            key, field = path[len("compute."):].rsplit(".", 1)
-            target = data["compute"][key][field]
-        else:
-            node = data
-            parts = path.replace("]", "").replace("[", ".").split(".")
-            for part in parts[:-1]:
-                node = node[int(part)] if isinstance(node, list) else node[part]
-            target = node[int(parts[-1])] if isinstance(node, list) else node[parts[-1]]
-        target["value"] = int(value) if path in INTEGER_INPUTS else float(value)
-    changed = HardwareProfile.model_validate(data)
-    for attr in ("_path", "_calibration_path", "_calibration_sha256"):
-        setattr(changed, attr, getattr(profile, attr))
-    return changed
 
 
 def quantiles(values: list[float | None]) -> dict:
@@ -243,6 +208,5 @@ def rank_sensitivity(table: list[dict], metric: str) -> list[dict]:
     return sorted(table, key=swing, reverse=True)
 
 
-__all__ = ["INTEGER_INPUTS", "Input", "RECORD_INPUT", "RULES", "latin_hypercube", "propagate", "quantiles",
-           "rank_sensitivity", "record_inputs", "rule_for", "sample_points", "split_values", "swing_points",
-           "uncertain_inputs", "with_values"]
+__all__ = ["Input", "RULES", "latin_hypercube", "propagate", "quantiles", "rank_sensitivity", "record_inputs",
+           "rule_for", "sample_points", "swing_points", "uncertain_inputs"]

@@ -8,7 +8,7 @@ its arms (each the base with some settings changed, in sweep's dotted-key spelli
 a ratio between two arms (the primary figure: it cancels what the engines' authors did not publish), a
 percentage, or an absolute figure, each with its source. The tolerance is the kind's, one policy for all
 (TOLERANCE). A case's role is derived, never typed: `calibration` when a calibration record
-(sim/engine/records.py) names the case, else `prediction`. A measurement the model cannot express stays in
+(sim/engines/records.py) names the case, else `prediction`. A measurement the model cannot express stays in
 the table as `not expressible: <what is missing>`.
 
 A measured figure may be a range (run-to-run spread as reported): the error is then the distance to the
@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.calibrate.fit import REPLAY_GOAL_MEDIAN_ERROR
-from sim.engine.records import RECORDS
+from sim.engines.records import RECORDS
 from sim.errors import InputError
 from sim.explore.runner import METRICS, make_point, run_points
 from sim.outputs import dumps
@@ -311,7 +311,7 @@ def totals(rows: list[dict], cases: list[dict]) -> dict:
 
 def provenance(cases: list[tuple[Path, Case]]) -> dict:
     """What the record was made from: the package version and each case file's sha256."""
-    from sim import __version__
+    from sim.version import __version__
     from sim.schema import sha256_file
 
     return {"package_version": __version__, "cases": {case.id: sha256_file(path) for path, case in cases},

@@ -211,6 +211,11 @@ def _layer_tensors(where: str, block: int, exps: dict, legacy: dict) -> tuple[bo
     return False, False, out
 
 
+def layout_from_gguf(path: str | Path) -> ModelLayout:
+    """The layout of a GGUF file, read from its header (read_gguf also gives every expert part's offset)."""
+    return read_gguf(path).layout
+
+
 def read_gguf(path: str | Path) -> GgufModel:
     """The expert layout and per-expert file offsets of a GGUF model; InputError on any defect."""
     where = str(path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -209,13 +208,6 @@ class ModelLayout:
     def total_expert_bytes(self) -> int:
         """Bytes of every routed expert the model holds, MTP layers included."""
         return self.n_experts * sum(layer.expert_bytes for layer in self.layers)
-
-    @classmethod
-    def from_gguf(cls, path: str | Path) -> "ModelLayout":
-        """Read the layout from a GGUF file's header (see sim.model.gguf_reader.read_gguf for offsets)."""
-        from sim.model.gguf_reader import read_gguf  # the reader builds layouts, so import it late
-
-        return read_gguf(path).layout
 
     def describe(self) -> dict:
         """What `expertsim model show` prints: the geometry, and per size class (ds4's per-class caches) the

@@ -3,7 +3,7 @@
 Geometry comes from reference/hardware-and-gguf.md §4 (and ds4-engine.md §2, strata-engine.md §2 for
 the engines' own models); bytes come from the GGML block table (sim.model.quant), never typed in.
 Where no real file's recipe is documented, the preset picks a common one and says so: read a real
-file with `ModelLayout.from_gguf` when exact bytes matter (Q4_K_M files, for instance, mix
+file with `sim.model.layout_from_gguf` when exact bytes matter (Q4_K_M files, for instance, mix
 Q4_K/Q5_K/Q6_K/Q8_0 per tensor, hardware-and-gguf.md §3.1).
 """
 

@@ -120,7 +120,7 @@ def hotlist_profile_tokens(preset: str) -> int | None:
 
     ds4 ships a popularity list made from one short profile run; its expert ids are the real model's, not
     this generator's. The same experiment on the preset (one prompt this long under HOTLIST_PROFILE_SEED,
-    experts ranked by hits) stands in for it on the preset's ids (sim.engine.ds4.builtin_hotlist)."""
+    experts ranked by hits) stands in for it on the preset's ids (sim.engines.ds4.prefill.builtin_hotlist)."""
     if preset not in GENERATOR_PRESETS:
         raise InputError("hotlist_profile_tokens", "preset", preset,
                          f"unknown; valid: {', '.join(generator_preset_names())}")

@@ -114,7 +114,7 @@ def scenario_data(name: str, overrides: tuple = ()) -> dict:
 @functools.lru_cache(maxsize=64)
 def run(name: str, overrides: tuple = ()):
     """Simulate a seed scenario (with overrides) once per process; returns sim.engine.run.RunResult."""
-    from sim.engine.run import run_scenario
+    from sim.simulate import run_scenario
     from sim.scenario import load_scenario
 
     path = SCENARIOS / f"{name}.toml"
@@ -500,9 +500,9 @@ def io_paths() -> Exhibit:
     copies the ds4 model makes (sim/machine; each expert is 3 parts)."""
     import simpy
 
-    from sim.engine.ds4 import PARTS_PER_EXPERT
-    from sim.engine.ds4_plan import expert_bytes
-    from sim.engine.run import extent_bytes
+    from sim.engines.ds4.geometry import expert_bytes
+    from sim.engines.ds4.loads import PARTS_PER_EXPERT
+    from sim.simulate import extent_bytes
     from sim.machine import Machine
     from sim.scenario import load_scenario
 

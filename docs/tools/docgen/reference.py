@@ -147,21 +147,11 @@ def model_table(model: type, links: dict) -> str:
     return table(["key", "type", "default", "what it is (from the code's comments)"], rows)
 
 
-def _module_dicts(module, suffix: str) -> dict:
-    merged: dict = {}
-    for name in dir(module):
-        value = getattr(module, name)
-        if name.endswith(suffix) and isinstance(value, dict):
-            merged.update(value)
-    return merged
-
-
 def scenario_schema() -> str:
     from sim import scenario as sc
+    from sim.engines import ENGINES
 
-    engines = typing.get_args(sc.Scenario.model_fields["engine"].annotation)
-    only_in = _module_dicts(sc, "_ONLY_IN")  # knobs read by some variants only
-    refused = _module_dicts(sc, "_NOT_MODELLED")  # knobs the model does not simulate: refused
+    engines = [engine.Settings for engine in ENGINES.values()]
     links = {sc.TraceSource: "table `[trace]`", sc.Workload: "table `[workload]`",
              sc.Request: "table `[[workload.requests]]`"}
     for engine in engines:
@@ -170,8 +160,9 @@ def scenario_schema() -> str:
             if section in engine.model_fields:
                 links[engine.model_fields[section].annotation] = f"table `[engine.{section}]` (below)"
     parts = ["### Top level\n\n", model_table(sc.Scenario, links)]
-    for engine in engines:
-        name = typing.get_args(engine.model_fields["name"].annotation)[0]
+    for spec, engine in zip(ENGINES.values(), engines):
+        name = spec.name
+        only_in, refused = spec.only_in, spec.not_modelled  # knobs of some variants only; knobs refused
         parts += [f"\n### `[engine]` with `name = \"{name}\"`\n\n"]
         if engine.__doc__:
             parts.append(f"{inspect.cleandoc(engine.__doc__)}\n\n")
@@ -198,7 +189,7 @@ def scenario_schema() -> str:
 
 
 def hardware_schema() -> str:
-    from sim.model import hardware as hw
+    from sim import hardware as hw
 
     links = {hw.Gpu: "table `[gpu]`", hw.Host: "table `[host]`", hw.Pcie: "table `[pcie]`", hw.Ssd: "table `[ssd]`",
              hw.D2d: "table `[d2d]`", hw.Latency: "table `[latency]`", hw.Compute: "table `[compute.\"CLASS\"]`"}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim import __version__
+from sim.version import __version__
 from sim.errors import InputError
 from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, read_trace
 

@@ -58,7 +58,7 @@ RECORDS: tuple[Record, ...] = (
     # ds4, DeepSeek-V4-Flash on the #503 box. ds4 printed "available 81.57 GiB" (ds4-engine.md §1.12) with the
     # q2-q4 file at --ctx 32768 on the 96 GB card, whose CUDA total is 94.97 GiB: VRAM before the cache =
     # 13.40 GiB. Of that the model derives the non-routed weights (8.20 GiB, antirez/ds4#488), the KV cache
-    # and the prefill context buffers at that context and chunk (ds4_plan.flash_kv_bytes and
+    # and the prefill context buffers at that context and chunk (ds4.memory.flash_kv_bytes and
     # flash_context_buffer_bytes: 0.7770 + 0.2501 GiB; the formula gives ds4's own "context buffers" figure to
     # the byte at two other contexts, tests/test_ds4_plan.py) and the driver's own reservation (555 MiB, the
     # profile's gpu.runtime_reserved_mib);
@@ -71,7 +71,7 @@ RECORDS: tuple[Record, ...] = (
     # figure. Two runs of antirez/ds4 PR #1036 at far-apart contexts: Piega's 92GB run at ctx 8192 printed a
     # 1.72 GiB graph (2026-09-13; the same commenter's 89GB run at --ctx-alloc 10240 is validation case D9), and
     # hitman249's at --ctx 400000 a 5.66 GB graph (2026-09-20). No V4.1 KV or buffer formula is in our notes:
-    # ds4_plan.v41_graph_bytes draws the line through the two.
+    # ds4.memory.v41_graph_bytes draws the line through the two.
     Record("ds4-v41-graph-8k", "v41_graph", 1.72, "GiB", "ds4", "deepseek-v4.1-flash", "strix-halo-128gb-stock",
            None, None, "antirez/ds4 PR #1036, Piega's 92GB run at ctx 8192: 1.72 GiB graph beside a 41.13 GiB "
                        "dynamic cache and 9.37 GiB static weights"),
@@ -109,7 +109,7 @@ RECORDS: tuple[Record, ...] = (
            (230.9, 288.2), "the two runs it is the mean of: b64 (88 % of the experts cached) and b80 (all of them)"),
     # Strata's own runtime buffers in VRAM before the cache is sized (the CUDA/HIP runtime's module images, cuBLAS
     # and cuBLASLt handles and workspaces, small session-adjacent buffers): what Strata's loading logs leave when
-    # the card's total, its free VRAM at sizing and every other term are known (strata_plan.vram_before_cache:
+    # the card's total, its free VRAM at sizing and every other term are known (strata.memory.vram_before_cache:
     # dense weights, the MTP draft layer and the session from the same logs), less the driver's context (the
     # hardware profiles' SM-count rule: 206 MiB on a 68-SM 2080 Ti, 229 on a 76-SM 4090 Laptop, 212 on a 70-SM
     # 5070 Ti, 125 on a 40-CU RX 6700 XT). None of these boxes is a validation case.

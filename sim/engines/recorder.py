@@ -1,8 +1,8 @@
-"""What a run records: one row per engine step, the copies of each step, and the machine's busy intervals.
+"""What an engine records of a run: one row per engine step and the copies of each step.
 
 The step rows and copy rows are buffered in plain lists and turned into frames once at the end (SimPy's
-monitoring advice: no per-event objects). The busy intervals come from the machine's servers
-(sim/machine): one row per job, per server (`link_frame`, links.parquet).
+monitoring advice: no per-event objects). The machine's busy intervals are its servers' own logs (sim/machine;
+sim/results.py writes them as links.parquet).
 """
 
 from __future__ import annotations
@@ -10,18 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
-
-
-LINK_COLUMNS = ("link", "start_s", "end_s", "bytes", "ops", "kind")
-
-
-def link_frame(links) -> pd.DataFrame:
-    """One row per busy interval of each server (LINK_COLUMNS), in the given order: links.parquet. Built column
-    by column per server: a row tuple per interval held a million-token prompt's intervals twice over."""
-    parts = [pd.DataFrame({"link": link.name, **dict(zip(LINK_COLUMNS[1:], zip(*intervals)))})
-             for link in links if (intervals := link.intervals())]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(LINK_COLUMNS))
-
 
 STEP_COLUMNS = (
     "request", "phase", "step", "layer", "start_s", "end_s", "tokens", "lookups", "hits", "inserts",
@@ -54,12 +42,3 @@ class Recorder:
 
     def copy_frame(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.copies, columns=list(COPY_COLUMNS))
-
-
-def safe_rate(numerator: float, seconds: float) -> float:
-    return float(numerator / seconds) if seconds > 0 else float("nan")
-
-
-def hit_rate(frame: pd.DataFrame) -> float:
-    lookups = frame["lookups"].sum()
-    return float(frame["hits"].sum() / lookups) if lookups else float("nan")

@@ -28,7 +28,7 @@ from sim.schema import Quantity, Strict, display_path, is_file, parse_toml, quan
     sha256_file, validate
 from sim.units import GIB, MIB
 
-REPO_SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+REPO_SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 GBps = quantity("GB/s", gt=0)
@@ -135,7 +135,7 @@ class Compute(Strict):
     """GPU time per token and per routed layer for one model class (attention, shared and routed experts
     already resident on the GPU; transfers are simulated separately)."""
 
-    # ds4's decode; Strata's decode is built from its parts (sim/engine/strata.py), so its tables have none
+    # ds4's decode; Strata's decode is built from its parts (sim/engines/strata/decode.py), so its tables have none
     decode_us_per_token_layer: Micros | None = None
     prefill_us_per_token_layer: Micros
     # A batched prompt chunk's fixed cost per layer (kernel launches, per-chunk setup), on top of the
@@ -384,6 +384,36 @@ def profile_summary(profile: HardwareProfile) -> dict:
             "path": display_path(profile.path) if profile.path else None}
 
 
+# Figures that are counts: a sample's value is rounded (sim/explore/uncertainty.py draws them as reals).
+INTEGER_INPUTS = ("host.hardware_threads", "host.physical_cores")
+SSD_TABLE = "ssd.read_gbps_by_queue_depth"  # its points must keep rising with the queue depth: one factor for all
+
+
+def with_values(profile, values: dict[str, float]):
+    """The profile with some figures replaced (dotted keys as `quantities()` names them; SSD_TABLE + "[*]" scales
+    the whole queue-depth table by one factor), revalidated: an uncertainty sample's profile."""
+    data = profile.model_dump()
+    for path, value in values.items():
+        if path == SSD_TABLE + "[*]":
+            for point in data["ssd"]["read_gbps_by_queue_depth"]:
+                point["value"] *= float(value)
+            continue
+        if path.startswith("compute."):  # a model class key may hold dots itself (qwen3.8-flash-next)
+            key, field = path[len("compute."):].rsplit(".", 1)
+            target = data["compute"][key][field]
+        else:
+            node = data
+            parts = path.replace("]", "").replace("[", ".").split(".")
+            for part in parts[:-1]:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            target = node[int(parts[-1])] if isinstance(node, list) else node[parts[-1]]
+        target["value"] = int(value) if path in INTEGER_INPUTS else float(value)
+    changed = HardwareProfile.model_validate(data)
+    for attr in ("_path", "_calibration_path", "_calibration_sha256"):
+        setattr(changed, attr, getattr(profile, attr))
+    return changed
+
+
 def profile_figures(profile: HardwareProfile) -> list[dict]:
     """Every sourced figure of a profile as rows (key, value, unit, source), in the file's order."""
     rows: list[dict] = []
@@ -406,7 +436,7 @@ def profile_figures(profile: HardwareProfile) -> list[dict]:
 
 
 __all__ = [
-    "Compute", "GIB", "HardwareProfile", "MIB", "Quantity", "find_profiles", "is_file", "load_hardware",
-    "load_hardware_file", "profile_figures", "profile_summary",
-    "quantity", "resolve_hardware", "validate",
+    "Compute", "GIB", "HardwareProfile", "INTEGER_INPUTS", "MIB", "Quantity", "SSD_TABLE", "find_profiles", "is_file",
+    "load_hardware", "load_hardware_file", "profile_figures", "profile_summary", "quantity", "resolve_hardware",
+    "validate", "with_values",
 ]

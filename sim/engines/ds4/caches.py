@@ -1,0 +1,109 @@
+"""ds4's expert caches in VRAM during a run: one LRU pool per size class (#504 and later) or one slab (pre-504),
+sized, grown and released as the engine does (sizing.prepare_class_cache), and the grow-only compact staging."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.cache.replay import LRUCache
+from sim.engines.ds4.geometry import Layers
+from sim.engines.ds4.sizing import CacheState, NoticeDedup, prepare_class_cache
+
+
+class ExpertCaches:
+    """The pools' allocations and contents; a host thread pays every cudaMalloc and cudaFree (it waits)."""
+
+    def __init__(self, machine, layers: Layers, per_class: bool, budget_experts: int, reserve_bytes: int,
+                 staging_bytes: int, notices: list):
+        self.m, self.layers, self.per_class = machine, layers, per_class
+        self.budget_experts, self.reserve_bytes, self.notices = budget_experts, reserve_bytes, notices
+        n_pools = layers.n_classes if per_class else 1
+        self.cache = LRUCache(layers.count, layers.n_experts, np.zeros(n_pools, np.int64))
+        self.allocated = [False] * n_pools
+        self.flushes = [0] * n_pools  # releases of a pool that held experts (their contents lost)
+        self.size_changes = {"prefill": 0, "decode": 0}  # pre-504: slab released for another size class
+        self.phase = "prefill"  # what the engine runs now: a slab's size changes are counted per phase
+        self.slab_class = -1
+        self.dedup = [NoticeDedup() for _ in range(n_pools)]
+        self.staging_bytes = staging_bytes
+
+    def pool_of(self, layer: int) -> int:
+        return int(self.layers.class_of_layer[layer]) if self.per_class else 0
+
+    def pool_bytes(self, pool: int) -> int:
+        """VRAM of the pool's three slabs (0 when it is not allocated)."""
+        if not self.allocated[pool]:
+            return 0
+        return int(self.cache.capacity[pool]) * self.layers.class_bytes[pool if self.per_class else self.slab_class]
+
+    def cache_bytes(self) -> int:
+        return sum(self.pool_bytes(pool) for pool in range(len(self.allocated)))
+
+    def _set_pool_memory(self, pool: int) -> None:
+        self.m.memory.set("vram", f"expert cache pool {pool}", self.pool_bytes(pool))
+
+    def free_pool(self, thread, pool: int):
+        """cudaFree of one pool's slabs (the thread waits): its cached experts are lost."""
+        yield thread.hold(self.m.alloc_seconds(self.pool_bytes(pool), release=True))
+        self.flushes[pool] += self.cache.count(pool) > 0
+        self.cache.flush(pool)
+        self.cache.resize(pool, 0)
+        self.allocated[pool] = False
+        self._set_pool_memory(pool)
+
+    def release_all(self, thread):
+        """cuda_stream_expert_cache_release_all: free every cache (their contents are lost)."""
+        for pool, allocated in enumerate(self.allocated):
+            if allocated:
+                yield from self.free_pool(thread, pool)
+        self.slab_class = -1
+
+    def prepare(self, thread, cls: int, target_experts: int | None = None):
+        """prepare(): the cache of this size class for a target (default: the budget), through the pure rule
+        sizing.prepare_class_cache; the thread pays the frees and allocations. Returns the pool."""
+        target = self.budget_experts if target_experts is None else min(target_experts, self.budget_experts)
+        pool = cls if self.per_class else 0
+        if not self.per_class and self.slab_class != cls:
+            if self.allocated[0]:
+                self.size_changes[self.phase] += 1
+            self.dedup[0].reset()  # note_size() resets the cap and the notice on a size change
+        if self.allocated[pool] and (self.per_class or self.slab_class == cls) and self.cache.capacity[pool] >= target:
+            return pool  # the rule's "big enough: as is" answer, taken per layer step without building its inputs
+        held = self.pool_state(pool)
+        out = prepare_class_cache(held, self.layers.class_keys[cls], target, self.m.memory.vram_free(),
+                                  self.reserve_bytes)
+        if held is not None and out.state is held:
+            return pool
+        printed = self.dedup[pool].emit(out.notice)
+        if printed is not None:
+            self.notices.append(printed)
+        if held is not None:  # a size change or growth releases the old allocation and its contents
+            yield from self.free_pool(thread, pool)
+        capacity = out.state.capacity_experts if out.state is not None else 0
+        self.cache.resize(pool, capacity)
+        self.allocated[pool] = out.state is not None
+        self.slab_class = cls
+        if capacity:
+            yield thread.hold(self.m.alloc_seconds(capacity * self.layers.class_bytes[cls], release=False))
+        self._set_pool_memory(pool)
+        return pool
+
+    def pool_state(self, pool: int) -> CacheState | None:
+        """The pool's allocation as prepare() sees it: its size key and capacity, None when not allocated."""
+        if not self.allocated[pool]:
+            return None
+        cls = pool if self.per_class else self.slab_class
+        return CacheState(self.layers.class_keys[cls], int(self.cache.capacity[pool]))
+
+    def grow_staging(self, thread, n_bytes: int):
+        """The grow-only compact staging buffer: on growth cudaFree the old one and cudaMalloc the new one;
+        after #504 the caches are sacrificed only when VRAM is really short (begin_compact_load)."""
+        if n_bytes <= self.staging_bytes:
+            return
+        if self.staging_bytes:
+            yield thread.hold(self.m.alloc_seconds(self.staging_bytes, release=True))
+        if self.per_class and n_bytes - self.staging_bytes > self.m.memory.vram_free():
+            yield from self.release_all(thread)
+        self.staging_bytes = n_bytes
+        self.m.memory.set("vram", "compact staging", n_bytes)
+        yield thread.hold(self.m.alloc_seconds(n_bytes, release=False))

@@ -1,0 +1,108 @@
+"""ds4's decode path on CUDA and ROCm (the "selected/shared overlap" path, ds4-engine.md §1.6), per token and layer:
+
+  main     attention + router on the default stream, then a device sync (the selected readback)
+  worker   device sync, the 6 ids read back (a small synchronous cudaMemcpy), the cache lookup (numba), then
+           for each miss 3 x (read -> H2D -> stream sync) strictly in turn (QD1: the worker waits each time),
+           then the hits and the loaded experts copied into compact staging (3 synchronous D2D cudaMemcpy each,
+           on the default stream, so they queue behind the kernels), then the slot map uploaded
+  main     meanwhile enqueues the shared expert on the default stream; joins the worker; enqueues the routed
+           experts' kernel, which the next layer's work queues behind.
+Variants change who waits on what, not the arithmetic: pr605-cache gathers the hits with one kernel instead of the
+per-expert copies, and pr605 also copies a miss's parts straight from the mapped file without O_DIRECT (one sync
+per expert with it); pr1031 has no copy at all (kernels read the slots); pr1082 enqueues the hits' experts first and
+reads the misses with 8 pread workers, each with its own staging and stream, so reads overlap each other (the
+drive's queue depth) and the hits' compute. DS4_CUDA_DISABLE_STREAMING_SELECTED_SHARED_OVERLAP runs the fetch before
+the shared expert on the main thread. Prompts of up to 18 tokens (64 when layer 0 is Q4_K) run this path too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_EVICT
+
+SELECTED_IDS_BYTES = 6 * 4  # the router's 6 int32 ids read back per layer (§1.6)
+
+
+class Decode:
+    """A token through the decode path, layer by layer (the backend's `layer`), then the last kernels drained."""
+
+    def __init__(self, run):
+        self.run = run  # the Ds4Process: its machine, threads, caches, loads and per-layer figures
+
+    def layer(self, layer: int, experts: np.ndarray, row: dict):
+        raise NotImplementedError
+
+    def end_of_token(self) -> None:
+        """What the host does once a token's layers are issued (nothing on CUDA)."""
+
+    def token(self, request: int, phase: str, step_no: int, routing: np.ndarray, mtp_routing: np.ndarray | None = None):
+        """One token through the decode path; mtp_routing [mtp layers, k]: the draft step's experts, run after
+        the forward pass (decode tokens only, when the scenario runs MTP)."""
+        run = self.run
+        run.caches.phase = phase
+        steps = [(layer, routing[layer]) for layer in range(run.layers.n_routed)]
+        if mtp_routing is not None:
+            steps += list(zip(run.layers.mtp_layers, mtp_routing))
+        for layer, experts in steps:
+            row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=run.m.env.now, tokens=1)
+            yield from self.layer(layer, experts, row)
+        self.end_of_token()
+        # the token exists once the last layer's kernels (queued on the stream) are done
+        yield run.m.gpu.drained()
+
+
+class CudaDecode(Decode):
+    """The module docstring's path, on the GPU's legacy default stream."""
+
+    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float, ready_s: float):
+        """begin_compact_load for one decode layer: ids back, lookup, misses, hand-over (see the module doc)."""
+        run = self.run
+        m, caches, loads = run.m, run.caches, run.loads
+        yield thread.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback", ready_s=ready_s)
+        yield from caches.grow_staging(thread, int(len(experts) * run.layers.expert_bytes[layer]))
+        pool = yield from caches.prepare(thread, int(run.layers.class_of_layer[layer]))
+        outcome, _, _ = caches.cache.access(layer, experts, pool, MODE_EVICT)
+        n = np.bincount(outcome.astype(np.int64), minlength=4)
+        hits, inserts, evictions, direct = int(n[HIT]), int(n[INSERT]), int(n[EVICT]), int(n[DIRECT])
+        loaded = inserts + evictions
+        fetch = experts[outcome != HIT]
+        k = len(experts)
+        if run.knobs.hits_first:  # #1082: the hits' experts run while the misses are read
+            m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
+            drive = yield from (loads.pool_load(layer, fetch) if loads.pool is not None else
+                                loads.load(thread, layer, fetch))
+            m.gpu.book(routed_s * (k - hits) / k, 0, 0, "routed experts (misses)")
+        else:
+            drive = yield from (loads.pool_load(layer, fetch) if loads.pool is not None else
+                                loads.load(thread, layer, fetch))
+        yield from loads.to_staging(thread, layer, hits + loaded, m.memcpy_call_s, "slot map upload")
+        row.update(lookups=k, hits=hits, inserts=inserts, evictions=evictions)
+        loads.record(row, layer, hits, loaded, direct, hits + loaded, drive)
+
+    def layer(self, layer: int, experts: np.ndarray, row: dict):
+        run = self.run
+        m = run.m
+        other_s, shared_s, routed_s = run.decode_s[layer]
+        encoded = run.main.book(run.encode_layer_s, 0, 1, "graph encode")
+        # the main thread's sync waits for it
+        m.gpu.book(other_s + run.decode_link_s[layer], 0, 0, "attention + router", ready_s=encoded)
+        # the sync is booked, not waited on by itself: what comes next starts at its end (ready_s), and the
+        # first wait is the ids readback after it
+        synced = run.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
+        hits_first = run.knobs.hits_first
+        if run.knobs.overlap:
+            # the main thread enqueues the shared expert and joins the worker, which does the fetch meanwhile.
+            # The worker is this process: the main thread has nothing else to do until the join, and its enqueue
+            # lands on the stream before any of the worker's copies (FIFO on the stream either way).
+            m.gpu.book(shared_s, 0, 0, "shared expert", ready_s=synced)
+            yield from self._select_and_load(run.worker, layer, experts, row, routed_s, synced)
+            # the join waits for the worker's copies on the stream; with hits first the worker has also queued the
+            # routed kernels, which the join does not wait for (the next layer's kernels queue behind them)
+            yield run.main.hold(m.sync_s, 0, 1, "flush + join",
+                                ready_s=m.h2d.end_of_last() if hits_first else m.gpu.idle_at())
+        else:  # the synchronous path: the main thread fetches, then enqueues the shared expert
+            yield from self._select_and_load(run.main, layer, experts, row, routed_s, synced)
+            m.gpu.book(shared_s, 0, 0, "shared expert")
+        if not hits_first:
+            m.gpu.book(routed_s, 0, 0, "routed experts")  # enqueued; the next layer's work queues behind it

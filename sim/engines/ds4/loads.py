@@ -1,0 +1,151 @@
+"""The bytes of a ds4 miss and the hand-over of a layer's experts to its kernels, as work on the machine.
+
+A miss's three parts (gate, up, down) come from the drive: with DS4_CUDA_NO_DIRECT_IO a buffered pread through
+the page cache (a hit is a host memcpy; a miss reads the drive, then copies), the pages dropped again unless
+DS4_CUDA_KEEP_MODEL_PAGES; otherwise O_DIRECT reads from the drive into pinned staging (ds4-engine.md §1.8). Each
+load records its layer step (steps.parquet) and its copies (copy_plan.parquet).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.engines.ds4.geometry import Layers
+from sim.engines.ds4.settings import Knobs
+
+PARTS_PER_EXPERT = 3  # gate, up, down: three file ranges, three copies (§1.8)
+
+
+class Loads:
+    """How one run's loader threads move experts: reads, uploads, the pread pool, the hand-over to staging."""
+
+    def __init__(self, machine, layers: Layers, knobs: Knobs, pool: list | None, recorder):
+        self.m, self.layers, self.knobs, self.pool, self.rec = machine, layers, knobs, pool, recorder
+        self.variant = knobs.variant
+        self.page_cache_reads = {"hits": 0, "misses": 0}
+
+    def read(self, thread, layer: int, experts: np.ndarray, depth: int = 1):
+        """Read these experts' 3 parts each into pinned staging, the thread waiting (§1.8): buffered preads go
+        through the page cache (a hit is a host memcpy, a miss a drive read plus the copy); O_DIRECT reads the
+        drive. Returns the bytes that came from the drive."""
+        if not len(experts):
+            return 0
+        m = self.m
+        n_bytes = int(self.layers.expert_bytes[layer]) * len(experts)
+        if self.knobs.buffered:
+            keys, in_ram, drive = self.page_cache_lookup(layer, experts)
+            if drive:
+                yield m.ssd.read(drive, PARTS_PER_EXPERT * int((~in_ram).sum()), depth)
+            yield from m.memcpy(thread, n_bytes, 1, "pread copy")
+            if not self.knobs.keep_pages:  # posix_fadvise / madvise DONTNEED after the copy
+                m.page_cache.drop(keys)
+            return drive
+        yield m.ssd.read(n_bytes, PARTS_PER_EXPERT * len(experts), depth)
+        return n_bytes
+
+    def load(self, thread, layer: int, experts: np.ndarray):
+        """The engine's streamed copy for each expert: 3 x (read -> H2D on the upload stream -> stream sync),
+        one part after another (QD1). Grouped per call: with one thread the chain's time is the sum either way.
+        #605's later commits: with no O_DIRECT fd each part is a plain cudaMemcpy from the mapped file (the
+        driver's pageable copy, 5930a3f); with one, the ring is kept across an expert's three parts and synced
+        once (1c055bb), so the gate and up uploads run while the next part is read."""
+        if not len(experts):
+            return 0
+        m = self.m
+        n_parts = PARTS_PER_EXPERT * len(experts)
+        n_bytes = int(self.layers.expert_bytes[layer]) * len(experts)
+        pr605 = self.variant.miss_copy == "pr605"
+        if pr605 and self.knobs.buffered:
+            drive = yield from self._map_in(layer, experts)
+            end = m.h2d.book(n_bytes / m.rates["h2d_pageable"], n_bytes, n_parts, "pageable H2D")
+            yield thread.hold(n_parts * m.memcpy_call_s, 0, n_parts, "cudaMemcpy (pageable)", ready_s=end)
+            return drive
+        drive = yield from self.read(thread, layer, experts)
+        if pr605:  # 1c055bb: only the down parts' uploads are left after the reads
+            m.h2d.book_copy(int(self.layers.part_bytes[layer, 2]) * len(experts), len(experts))
+            n_syncs = len(experts)
+        else:
+            m.h2d.book_copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
+            n_syncs = n_parts
+        yield thread.hold(n_syncs * m.sync_s, 0, n_syncs, "stream sync", ready_s=m.h2d.end_of_last())
+        return drive
+
+    def _map_in(self, layer: int, experts: np.ndarray):
+        """The pages of these experts in the mapped file, as a copy from the mapping touches them: page-cache
+        hits are in RAM, misses fault in from the drive one after another; the pages dropped again unless
+        DS4_CUDA_KEEP_MODEL_PAGES (as after a buffered pread). Returns the bytes that came from the drive."""
+        m = self.m
+        keys, _, drive = self.page_cache_lookup(layer, experts)
+        if drive:
+            yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1)
+        if not self.knobs.keep_pages:
+            m.page_cache.drop(keys)
+        return drive
+
+    def page_cache_lookup(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """These experts' file extents looked up (and inserted) in the page cache: their keys, which were
+        resident, and the bytes the others read from the drive; the hits and misses counted."""
+        keys = layer * self.layers.n_experts + experts.astype(np.int64)
+        in_ram = self.m.page_cache.access(keys, insert=True)
+        n_miss = int((~in_ram).sum())
+        self.page_cache_reads["hits"] += len(keys) - n_miss
+        self.page_cache_reads["misses"] += n_miss
+        return keys, in_ram, n_miss * int(self.layers.expert_bytes[layer])
+
+    def stream_whole_layer(self, thread, layer: int):
+        """Every expert of the layer through the weight cache's staged copy (cuda_model_range_ptr_from_fd,
+        neutronstar @253cfb1 ds4_cuda.cu L1300-1390): one copy chunk read at a time into the pinned ring, each
+        uploaded on the upload stream while the next is read, one stream sync at the end. Whole experts per
+        chunk (the tensors' chunks do not end on experts; the bytes are the same). Returns the drive's bytes."""
+        per_expert = int(self.layers.expert_bytes[layer])
+        per_chunk = max(1, self.knobs.copy_chunk_bytes // per_expert)
+        drive = 0
+        for first in range(0, self.layers.n_experts, per_chunk):
+            group = np.arange(first, min(first + per_chunk, self.layers.n_experts))
+            drive += yield from self.read(thread, layer, group)
+            self.m.h2d.book_copy(per_expert * len(group), 1)
+        yield thread.hold(self.m.sync_s, 0, 1, "stream sync", ready_s=self.m.h2d.end_of_last())
+        return drive
+
+    def pool_load(self, layer: int, experts: np.ndarray):
+        """#1082's pread pool (and the ROCm runtime's): the misses split over the workers, each reading (its own
+        QD1) into its own pinned staging and uploading on its own stream; the reads overlap at the drive, the
+        uploads queue on the copy engine. Returns the bytes that came from the drive."""
+        env = self.m.env
+        workers = len(self.pool)
+        shares = [experts[i::workers] for i in range(workers)]
+        jobs = [env.process(self.load(worker, layer, share)) for worker, share in zip(self.pool, shares) if len(share)]
+        if jobs:
+            yield env.all_of(jobs)
+        return sum(job.value for job in jobs)
+
+    def to_staging(self, thread, layer: int, n_experts: int, then_s: float = 0.0, then_kind: str = ""):
+        """Hand hits (and loaded experts) to the kernels (§1.5): 3 synchronous D2D cudaMemcpy each on the
+        default stream (the thread waits; the copies queue behind the kernels); #605 one gather kernel; #1031
+        nothing, the kernels read the slots. Then the thread's next call of then_s (the slot-map upload)."""
+        ready = 0.0
+        if n_experts and self.variant.hit_copy != "none":
+            n_bytes = n_experts * int(self.layers.expert_bytes[layer])
+            rate = self.m.d2d.bytes_per_s
+            if self.variant.hit_copy == "memcpy":
+                n = PARTS_PER_EXPERT * n_experts
+                self.m.gpu.book(n * self.m.memcpy_call_s + n_bytes / rate, n_bytes, n, "D2D memcpy")
+            else:
+                self.m.gpu.book(self.m.kernel_launch_s + n_bytes / rate, n_bytes, 1, "D2D gather kernel")
+            ready = self.m.gpu.end_of_last()
+        yield thread.hold(then_s, 0, 1 if then_s else 0, then_kind, ready_s=ready)
+
+    def record(self, row: dict, layer: int, hits: int = 0, loaded: int = 0, direct: int = 0, handed: int = 0,
+               drive_bytes: int = 0) -> None:
+        """The layer step's row and its copies: loaded into cache slots, loaded directly into staging, handed over."""
+        eb = int(self.layers.expert_bytes[layer])
+        fetched = loaded + direct
+        memory = self.m.memory
+        sid = self.rec.step(**row, end_s=self.m.env.now, h2d_bytes=fetched * eb, d2d_bytes=handed * eb,
+                            file_read_bytes=drive_bytes, file_blob_reads=fetched, direct_loads=direct,
+                            vram_used_bytes=memory.used("vram"), ram_used_bytes=memory.used("ram"))
+        for part, part_bytes in zip(("gate", "up", "down"), self.layers.part_bytes[layer]):
+            self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
+            self.rec.copy(sid, "H2D", direct, part_bytes, "file", f"staging:{part}")
+            if self.variant.hit_copy != "none":
+                self.rec.copy(sid, "D2D", handed, part_bytes, f"slab:{part}", f"staging:{part}")

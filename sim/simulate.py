@@ -1,0 +1,137 @@
+"""Run a scenario: build the routing, drive the engine's SimPy process on the machine, summarise (the files a
+run writes: sim/results.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.engines import engine_of
+from sim.engines.records import Domain
+from sim.engines.recorder import Recorder
+from sim.machine import Machine
+from sim.results import RunResult
+from sim.units import MIB
+from sim.version import __version__
+from sim.workload import workload_routing
+
+
+class CountingEnvironment(simpy.Environment):
+    """SimPy's environment, counting the events it schedules: what a run costs in events (the summary's
+    simulated_events, docs/design.md), for one integer increment per event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_scheduled = 0
+
+    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
+        self.events_scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+def provenance(scenario, trace_sha256: str, **extra) -> dict:
+    """What a result was made from: package version, scenario hash, hardware profile and calibration file
+    (with its hash), the routing's sha256 and the engine command line; `extra` adds keys (files an engine read)."""
+    from sim.scenario import scenario_hash
+
+    profile = scenario.hardware_profile
+    return {
+        "expertsim": __version__,
+        "scenario_sha256": scenario_hash(scenario),
+        "hardware_profile": str(getattr(profile, "_path", None) or profile.name),
+        "calibration": str(profile.calibration_path) if profile.calibration_path else None,
+        "calibration_sha256": profile.calibration_sha256,
+        "trace_sha256": trace_sha256,
+        **extra,
+        "command_line": scenario.command_line(),
+    }
+
+
+def safe_rate(numerator: float, seconds: float) -> float:
+    return float(numerator / seconds) if seconds > 0 else float("nan")
+
+
+def hit_rate(frame: pd.DataFrame) -> float:
+    lookups = frame["lookups"].sum()
+    return float(frame["hits"].sum() / lookups) if lookups else float("nan")
+
+
+def extent_bytes(layout) -> np.ndarray:
+    """Bytes of each (layer, expert) file extent of the routed layers, key = layer * n_experts + expert."""
+    return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
+
+
+def run_scenario(scenario, record_values: dict[str, float] | None = None) -> RunResult:
+    """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures."""
+    engine = engine_of(scenario)
+    routing = workload_routing(scenario)
+    recorder = Recorder()
+    if not engine.timed:  # no machine and no clock: the engine only counts
+        state = engine.process(scenario, routing, recorder, None, None).state()
+        summary = {
+            "scenario": str(scenario.path) if scenario.path else None,
+            "engine": engine.name,
+            "variant": getattr(scenario.engine, "variant", None),
+            "hardware": scenario.hardware_profile.name,  # named by the scenario, not used: nothing is timed
+            "model": scenario.layout.name,
+            "measured_request": None,  # the figures cover every request
+            **state.figures,
+            "links": [],
+            "engine_state": state.detail,
+            "provenance": provenance(scenario, routing.sha256, **state.provenance),
+        }
+        return RunResult(summary, recorder.step_frame(), recorder.copy_frame(), pd.DataFrame())
+    env = CountingEnvironment()
+    machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout))
+    domain = Domain(engine.name, scenario.layout.name, scenario.hardware_profile.name,
+                    engine.context_tokens(scenario.engine), record_values)
+    domain.use_profile(scenario.hardware_profile, scenario.compute_key)
+    process = engine.process(scenario, routing, recorder, machine, domain)
+    timings: list[dict] = []
+    env.process(process.serve(env, timings))
+    env.run()
+    steps, copies, timing = recorder.step_frame(), recorder.copy_frame(), pd.DataFrame(timings)
+    measured = scenario.measured[-1] if scenario.measured else len(timings) - 1
+    m = timing.iloc[measured]
+    mine = steps[steps["request"] == measured]
+    decode = mine[mine["phase"] == "decode"]
+    prefill = mine[mine["phase"] == "prefill"]
+    profile = scenario.hardware_profile
+    state = process.state()
+    bound = process.bounds(measured).belady_decode_hit_rate
+    elapsed = float(timing["end_s"].max())
+    servers = machine.servers()
+    summary = {
+        "scenario": str(scenario.path) if scenario.path else None,
+        "engine": engine.name,
+        "variant": scenario.engine.variant,
+        "hardware": profile.name,
+        "model": scenario.layout.name,
+        "measured_request": int(measured),
+        "cache_slots": state.cache_slots,
+        "planned_cache_slots": state.planned_cache_slots,
+        "cache_mib": state.cache_mib,
+        "lent_slots": state.lent_slots,
+        "prefill_buffer_mib": state.prefill_buffer_mib,
+        "file_blob_reads": int(prefill["file_blob_reads"].sum()),
+        "prefill_tok_s": safe_rate(m["prompt_tokens"], m["prefill_end_s"] - m["arrival_s"]),
+        "decode_tok_s": safe_rate(m["decode_tokens"], m["end_s"] - m["prefill_end_s"]),
+        "decode_hit_rate": hit_rate(decode),
+        "prefill_hit_rate": hit_rate(prefill),
+        "belady_decode_hit_rate": bound,
+        "belady_gap": None if bound is None else bound - hit_rate(decode),
+        "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
+        "simulated_s": elapsed,
+        "simulated_events": env.events_scheduled,
+        # time the GPU compute stream was not busy: waiting on copies, syncs and host work
+        "gpu_idle_s": elapsed - machine.gpu.busy_s,
+        "vram_peak_mib": machine.memory.peak["vram"] / MIB,
+        "ram_peak_mib": machine.memory.peak["ram"] / MIB,
+        "links": [server.summary(elapsed) for server in servers],
+        "notices": list(state.notices),
+        "out_of_domain": domain.out_of_domain(),
+        "engine_state": state.detail,
+        "provenance": provenance(scenario, routing.sha256, **state.provenance),
+    }
+    return RunResult(summary, steps, copies, timing, tuple(servers), scenario, routing)
