@@ -365,7 +365,7 @@ def written(table: BaseModel, key: str) -> Any:
 def field_comments(model: type) -> dict[str, str]:
     """The comments the source puts on each field of a pydantic model, by field name: the comment lines right
     above the field and the comment at the end of its line(s). The one place the schema's prose lives: the
-    schema reference (docs/tools/docgen) and `scenario init`'s comments (sim/scaffold.py) both read it. A
+    schema reference (docs/tools/docgen) and `scenario init`'s comments (sim/scaffold/scenario.py) both read it. A
     model made at run time (create_model: the engines' environment tables) has no source, hence none."""
     import ast
     import inspect

@@ -18,8 +18,9 @@ import pytest
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 from sim.calibrate import cudaenv, fileformat, fit  # noqa: E402
-from sim.calibrate.kernel import (MEMORIES, PROBE_COPIES, PROBE_REPS, Backend, Variant, random_plan, reference_apply,  # noqa: E402
-                                  self_test)
+from sim.calibrate.backend import MEMORIES, PROBE_COPIES, PROBE_REPS, Backend  # noqa: E402
+from sim.calibrate.kernel import Variant  # noqa: E402
+from sim.calibrate.selftest import random_plan, reference_apply, self_test  # noqa: E402
 from sim.calibrate import replay as replay_module  # noqa: E402
 from sim.calibrate.replay import (ANCHOR_COPIES, Anchor, Placement, anchor_shifts, choose_anchors,  # noqa: E402
                                   gather_launches, replay)
@@ -569,7 +570,8 @@ def _gpu_present() -> bool:
 GPU_SCRIPT = r"""
 import json, numpy as np
 from sim.calibrate import cudaenv, sweep, fileformat
-from sim.calibrate.kernel import Backend, self_test
+from sim.calibrate.backend import Backend
+from sim.calibrate.selftest import self_test
 cuda = cudaenv.require_gpu()
 assert not cudaenv.simulating()
 out = {}

@@ -262,8 +262,8 @@ def test_ctrl_c_that_python_drops_is_delivered_again(dropped_in):
     }[dropped_in]
     script = (
         "import os, signal, time\n"
-        "from sim.cli import Interrupted, _CtrlC\n"
-        "_CtrlC()\n"
+        "from sim.cli.signals import CtrlC, Interrupted\n"
+        "CtrlC()\n"
         "def land():\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    sum(range(100000))  # the handler runs here, where Python drops what it raises\n"
@@ -288,7 +288,7 @@ def test_a_failure_left_by_a_dropped_ctrl_c_is_reported_as_the_interrupt(termina
     as a KeyboardInterrupt (a sweep's Ctrl-C test once ended in concurrent.futures' exit hook that way)."""
     slow_terminal = ("echo = cli.typer.echo\n"
                      "def slow_echo(*args, **kwargs):\n"
-                     "    time.sleep(30 * cli.REDELIVER_S)\n"
+                     "    time.sleep(30 * cli.signals.REDELIVER_S)\n"
                      "    echo(*args, **kwargs)\n"
                      "cli.typer.echo = slow_echo\n")
     script = (

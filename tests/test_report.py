@@ -209,7 +209,7 @@ def test_replay_sweep_report_plots_hit_rates_against_slots(tmp_path):
 
 
 def test_sweep_report_lines_and_slider(tmp_path):
-    from sim.explore.report import _sweep_figures
+    from sim.explore.report.sweep_report import sweep_figures as _sweep_figures
 
     out = tmp_path / "sweep"
     (out / "points").mkdir(parents=True)
@@ -225,7 +225,7 @@ def test_sweep_report_lines_and_slider(tmp_path):
 
 
 def test_sweep_points_table_is_sorted_sized_to_its_rows_and_has_each_column_once(tmp_path):
-    from sim.explore.report import _sweep_figures
+    from sim.explore.report.sweep_report import sweep_figures as _sweep_figures
 
     out = tmp_path / "sweep"
     (out / "points").mkdir(parents=True)
@@ -255,7 +255,7 @@ def test_timelines_per_phase_leave_out_all_zero_series_and_panels():
     """A hand-made steps frame: D2H, file reads and lent slots are zero throughout, so neither their series nor the
     lent-slots panel is drawn; prefill and decode get a figure each, on their own clock, one legend per panel,
     and every axis a title with its unit."""
-    from sim.explore.report import _run_figures
+    from sim.explore.report.run_report import run_figures as _run_figures
 
     steps = pd.DataFrame({
         "request": 0, "phase": ["prefill", "prefill", "decode", "decode", "decode"], "step": [0, 1, 0, 1, 2],
@@ -285,7 +285,7 @@ def test_timelines_per_phase_leave_out_all_zero_series_and_panels():
 
 
 def test_sweep_heatmap_is_categorical_and_labelled(tmp_path):
-    from sim.explore.report import _sweep_figures
+    from sim.explore.report.sweep_report import sweep_figures as _sweep_figures
 
     out = tmp_path / "sweep"
     (out / "points").mkdir(parents=True)
@@ -348,7 +348,7 @@ def test_plotly_js_cdn_and_inline(run_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sim", "report", str(run_dir), "-o", str(target), "--force",
                            "--plotly-js", "bundle"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Usage:" in proc.stderr and "--plotly-js" in proc.stderr
-    from sim.cli import PlotlyJs
+    from sim.cli.explore import PlotlyJs
     from sim.explore.report import PLOTLY_JS_MODES
 
     assert [m.value for m in PlotlyJs] == list(PLOTLY_JS_MODES)  # the command's choices are the report's modes

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.errors import InputError
-from sim.trace import importers
+from sim.trace import import_readers
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL, read_trace, write_trace
 from sim.trace.importers import FORMATS, import_trace
 
@@ -126,14 +126,14 @@ def test_fast_and_slow_readers_agree(monkeypatch, tmp_path):
                                                    "generic.csv", "generic.jsonl")}
 
     def refuse(*args):
-        raise importers._Slow
+        raise import_readers._Slow
 
     def fail(*args):
         raise AssertionError("a clean file must take the Arrow reader")
 
     with monkeypatch.context() as m:
-        m.setattr(importers, "_read_jsonl_slow", fail)
-        m.setattr(importers, "_read_csv_slow", fail)
+        m.setattr(import_readers, "_read_jsonl_slow", fail)
+        m.setattr(import_readers, "_read_csv_slow", fail)
         for name in ("vllm_raw_3layer.jsonl", "vllm_decode_2req.jsonl", "generic.csv"):
             import_trace(FIXTURES / name)
         crlf = (FIXTURES / "generic.csv").read_bytes().replace(b"\n", b"\r\n\r\n")
@@ -142,8 +142,8 @@ def test_fast_and_slow_readers_agree(monkeypatch, tmp_path):
         assert import_trace(path).sha256() != fast["generic.csv"].sha256()  # same cells, other source hash
         assert cells(import_trace(path)) == GENERIC_CELLS
 
-    monkeypatch.setattr(importers, "_read_jsonl_fast", refuse)
-    monkeypatch.setattr(importers, "_read_csv_fast", refuse)
+    monkeypatch.setattr(import_readers, "_read_jsonl_fast", refuse)
+    monkeypatch.setattr(import_readers, "_read_csv_fast", refuse)
     for name, trace in fast.items():
         assert import_trace(FIXTURES / name).sha256() == trace.sha256(), name
 
@@ -289,7 +289,7 @@ def test_real_files_round_trip_and_hash(real, tmp_path, monkeypatch):
     def no_slow_path(*args):
         raise AssertionError("the real files must take the Arrow reader")
 
-    monkeypatch.setattr(importers, "_read_jsonl_slow", no_slow_path)
+    monkeypatch.setattr(import_readers, "_read_jsonl_slow", no_slow_path)
     assert import_trace(DATA / "routing_raw.jsonl", "vllm-jsonl").sha256() == real["routing_raw"].sha256()
 
 

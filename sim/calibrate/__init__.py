@@ -1,8 +1,10 @@
 """GPU calibration: measure the expert-copy paths on a real GPU and fit the simulator's copy cost model.
 
 - `kernel`: the gather-copy kernel (Numba CUDA) that replays a list of (source, destination, bytes)
-  descriptors in one launch per path, the engines' own way (one cudaMemcpyAsync per expert part, a stream
-  sync after each) for comparison, and a self-test on random plans (outputs poisoned, every byte compared);
+  descriptors in one launch per path;
+- `backend`: the memory arenas and a step's copies, as gather launches or the engines' own way (one
+  cudaMemcpyAsync per expert part, a stream sync after each) for comparison;
+- `selftest`: the kernel's self-test on random plans (outputs poisoned, every byte compared);
 - `sweep`: `expertsim calibrate`, expert sizes x experts per step x path x way of copying, on the current GPU;
 - `fit`: the cost model (fixed latency + bytes / bandwidth, per-copy, per-launch and per-descriptor terms),
   fitted to relative error, and its predictions;

@@ -93,7 +93,7 @@ def simulator_profile(params: dict) -> dict:
 
 def host_probe_record(probes: list | None) -> dict | None:
     """The host probe's step and its medians through the sweep (None when none were taken)."""
-    from sim.calibrate.kernel import PROBE_BYTES, PROBE_COPIES, PROBE_REPS
+    from sim.calibrate.backend import PROBE_BYTES, PROBE_COPIES, PROBE_REPS
 
     if not probes:
         return None

@@ -44,8 +44,9 @@ import numpy as np
 import pandas as pd
 
 from sim.calibrate import cudaenv, fit, sweep
+from sim.calibrate.backend import POISON, PROBE_COPIES, WORD, Backend
 from sim.calibrate.fileformat import plain_parameters, probe_us, samples_frame
-from sim.calibrate.kernel import POISON, PROBE_COPIES, SIM_VARIANT, WORD, Backend, Variant
+from sim.calibrate.kernel import SIM_VARIANT, Variant
 from sim.errors import InputError
 from sim.units import GIB, MIB
 

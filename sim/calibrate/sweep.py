@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 
 from sim.calibrate import cudaenv, fit
-from sim.calibrate.kernel import PATHS, POISON, WORD, Backend, Variant, self_test
+from sim.calibrate.backend import PATHS, POISON, WORD, Backend
+from sim.calibrate.kernel import Variant
+from sim.calibrate.selftest import self_test
 from sim.errors import InputError
 from sim.units import GIB, MIB
 

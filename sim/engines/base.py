@@ -5,10 +5,11 @@ registers an instance of it (one line). Everything outside sim/engines/ reaches 
 the `name` in the scenario's [engine] table, and never names one:
 
     scenario.py   Settings (its [engine] table in the scenario's union), validate (refusals at load)
-    run.py        timed, process(...) -> EngineProcess, context_tokens, headline / extra_metrics
-    explore       search_space / knobs (plan's grid and labels, report axis names), default_objective,
-                  plan_memory (what plan prunes before running), records_read (uncertainty), one_pass (runner)
-    scaffold.py   runs / default_variant (scenario init's choice), variants, notes, starting_settings
+    simulate.py   timed, process(...) -> EngineProcess, context_tokens
+    explore, cli  search_space / knobs (plan's grid and labels, report axis names), default_objective,
+                  plan_memory (what plan prunes before running), records_read (uncertainty), one_pass (runner),
+                  headline / extra_metrics / summary_tables (the tables a run and a sweep print)
+    scaffold      runs / default_variant (scenario init's choice), variants, notes, starting_settings
 
 An engine's process is built per run on the machine (sim/machine) and serves the scenario's requests as SimPy
 processes; its `state()` is an `EngineState`, whose declared fields every summary reads. An untimed engine (the

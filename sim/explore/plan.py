@@ -107,7 +107,8 @@ def default_knobs(data: dict) -> tuple[list[tuple[str, list]], list[tuple[str, l
     engine's own search space (Engine.search_space). Primary knobs are searched as a full grid; secondary
     ones one at a time from the best primary candidate."""
     axes = ENGINES[(data.get("engine") or {}).get("name")].search_space(data)
-    return ([(a.knob.key, a.values) for a in axes if a.primary], [(a.knob.key, a.values) for a in axes if not a.primary])
+    primary = [(a.knob.key, a.values) for a in axes if a.primary]
+    return primary, [(a.knob.key, a.values) for a in axes if not a.primary]
 
 
 def prune_reason(scenario) -> str | None:

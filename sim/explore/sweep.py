@@ -78,8 +78,9 @@ def _expects_string(data: dict, parts: list[str | int]) -> bool:
     engine = ENGINES.get((data.get("engine") or {}).get("name"))
     settings = None if engine is None else engine.Settings  # an unknown engine: the point will not load
     flags = None if settings is None else settings.model_fields["flags"].annotation
-    owner = {1: {(): Scenario}, 2: {("engine",): settings, ("trace",): TraceSource},
-             3: {("engine", "flags"): flags, ("workload", "requests"): Request}}.get(len(head), {}).get(tuple(head[:-1]))
+    owners = {1: {(): Scenario}, 2: {("engine",): settings, ("trace",): TraceSource},
+              3: {("engine", "flags"): flags, ("workload", "requests"): Request}}
+    owner = owners.get(len(head), {}).get(tuple(head[:-1]))
     info = _field(owner, head[-1]) if owner is not None else None
     return info is not None and _base_types(info.annotation) == {str}
 

@@ -1,6 +1,6 @@
 """The generator's model of a preset: geometry, per-layer popularity, working sets, co-activation groups,
-and the calibration that sets the working-set sizes and the keep probabilities to the spec's targets
-(stored in generator_presets.json; a spec without a stored calibration is calibrated at first use).
+and the working-set sizes and keep probabilities that sim/trace/generator_calibration.py fits to the spec's
+targets (stored in generator_presets.json; a spec without a stored calibration is calibrated at first use).
 """
 
 from __future__ import annotations
@@ -9,26 +9,18 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from sim.errors import InputError
-from sim.trace.generator_kernel import _kernel
+from sim.trace.generator_calibration import _calibrate, _correct_marginal, _correction_rng
+from sim.trace.generator_params import _Geometry, _Model
 from sim.trace.generator_spec import GENERATOR_PRESETS, REUSE_SHAPE_FLAT, REUSE_SHAPE_QWEN3
-from sim.trace.stats import prefill_union_by_layer, reuse_by_layer
 
 DERIVED_PATH = Path(__file__).with_name("generator_presets.json")
 
 # --------------------------------------------------------------------------------------- geometry
-
-
-@dataclass(frozen=True)
-class _Geometry:
-    n_layers: int
-    n_experts: int
-    top_k: int
 
 
 _FALLBACK_GEOMETRY = {  # routed layers (no MTP) x experts, top-k; used only without sim.model.presets
@@ -154,63 +146,7 @@ def _rank_popularity(spec: dict, geo: _Geometry, hash_layers: set[int], seed: in
     return p, used
 
 
-def _inclusion(u: np.ndarray, k: int, lam: np.ndarray | None = None, steps: int = 40):
-    """Inclusion probabilities of k picks without replacement with weights u (last axis), by the
-    exponential-clock approximation pi_e = 1 - exp(-lam u_e) with sum pi = k. Returns (pi, lam)."""
-    u = u / u.sum(axis=-1, keepdims=True)
-    if lam is None:
-        lam = np.full(u.shape[:-1] + (1,), float(k))
-    for _ in range(steps):
-        ex = np.exp(-lam * u)
-        f = (1 - ex).sum(-1, keepdims=True) - k
-        df = (u * ex).sum(-1, keepdims=True)
-        lam = np.maximum(lam - f / np.maximum(df, 1e-300), 1e-9)
-    return 1 - np.exp(-lam * u), lam
-
-
-
 # --------------------------------------------------------------------------------------- model setup
-
-
-@dataclass
-class _Model:
-    name: str
-    geo: _Geometry
-    w: np.ndarray            # [L, E] base weights (corrected so the long-run marginal is q_target / k)
-    q_target: np.ndarray     # [L, E] target marginal inclusion per token
-    sigma: np.ndarray        # [L] log-normal spread of the request tilt inside the working set
-    shift: np.ndarray        # [L] working-set size knob c_l (calibrated): larger = larger set
-    pop_pref: float          # lambda: how much more likely popular experts are in a request's set
-    leak: float              # weight factor of experts outside the working set
-    local: np.ndarray        # [L] bool: layer has request working sets
-    eta: float
-    group_of: np.ndarray
-    members: np.ndarray
-    gstart: np.ndarray
-    n_groups: np.ndarray
-    ctx_of: np.ndarray
-    n_ctx: int
-    kappa: np.ndarray
-    stick: float
-    rho: np.ndarray          # [2, L]
-    partner: np.ndarray
-    seg_p: float
-    drift: float
-    is_hash: np.ndarray
-    vocab_cum: np.ndarray
-    hash_seed: int
-    calibrated: dict
-
-    @property
-    def thr(self) -> np.ndarray:
-        """[L, E] threshold: expert e is in a request's working set when its score z exceeds thr."""
-        return -_norm_ppf(_membership(self, self.shift))
-
-    def run(self, seed: int, n_req: int, prompt: int, decode: int) -> np.ndarray:
-        return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w, self.sigma, self.thr,
-                       self.leak, self.local, self.eta, self.group_of, self.members, self.gstart, self.n_groups,
-                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.partner, self.seg_p,
-                       self.drift, self.is_hash, self.vocab_cum, np.uint64(self.hash_seed))
 
 
 def _interp_shape(knots, n: int) -> np.ndarray:
@@ -411,199 +347,3 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
     model.w = w0
     _correct_marginal(model, _correction_rng(model))
     return model
-
-
-def _correction_rng(model: _Model):
-    return np.random.default_rng([model.hash_seed, 0xC0FFEE])
-
-
-def _tilt_samples(model: _Model, rng, n_mc: int) -> np.ndarray:
-    """[n_mc * contexts, L, E] weight factors of random request working sets times each context's boost."""
-    n, e = model.w.shape
-    a = math.sqrt(1 - model.eta ** 2)
-    zg = rng.standard_normal((n_mc, n, e))
-    zi = rng.standard_normal((n_mc, n, e))
-    z = a * np.take_along_axis(zg, np.broadcast_to(model.group_of[None].astype(np.int64), zg.shape), 2) \
-        + model.eta * zi
-    inside = (z > model.thr[None]) | ~model.local[None, :, None]
-    tilt = np.where(model.local[None, :, None], np.exp(model.sigma[None, :, None] * z), 1.0)
-    if model.n_ctx > 1:
-        boost = np.where(model.ctx_of[None] == np.arange(model.n_ctx)[:, None, None], model.kappa[None, :, None], 1.0)
-        tilt = tilt[:, None] * boost[None]
-        inside = inside[:, None]
-    tilt = np.where(inside, tilt, model.leak)
-    return tilt.reshape(-1, n, e)
-
-
-def _correct_marginal(model: _Model, rng, n_mc: int = 16, iters: int = 8) -> None:
-    """Adjust base weights so that the mean per-token inclusion over request working sets and token
-    contexts equals q_target (routed layers)."""
-    fix = ~model.is_hash
-    if not fix.any():
-        return
-    k = model.geo.top_k
-    tilt = _tilt_samples(model, rng, n_mc if model.local.any() else 1)
-    w = model.w.copy()
-    target = np.maximum(model.q_target, 1e-7)
-    lam = None
-    start = w / w.sum(1, keepdims=True)
-    for i in range(iters):
-        incl, lam = _inclusion(w[None] * tilt, k, lam, 40 if i == 0 else 8)
-        w = np.where(fix[:, None], w * (target / np.maximum(incl.mean(0), 1e-12)) ** 0.9, w)
-        w /= w.sum(1, keepdims=True)
-        w = np.clip(w, start / 30, start * 30)  # a guard: no expert's weight runs away
-    model.w = w
-
-
-def _pilot_union(model: _Model, chunk: int, n_req: int, seed: int) -> np.ndarray:
-    ex = model.run(seed, n_req, chunk, 0)
-    req = np.repeat(np.arange(n_req, dtype=np.int32), chunk)
-    phase = np.zeros(ex.shape[0], np.uint8)
-    mean, _ = prefill_union_by_layer(ex, req, phase, chunk, model.geo.n_experts)
-    return mean
-
-
-def _pilot_reuse(model: _Model, n_req: int, steps: int, seed: int) -> np.ndarray:
-    half = steps // 2
-    ex = model.run(seed, n_req, half, steps - half)
-    req = np.repeat(np.arange(n_req, dtype=np.int32), steps)
-    phase = np.tile(np.r_[np.zeros(half, np.uint8), np.ones(steps - half, np.uint8)], n_req)
-    hits, pairs = reuse_by_layer(ex, req, phase)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return hits / (model.geo.top_k * pairs)
-
-
-def _calibrate_rho(model: _Model, reuse_t: np.ndarray, rounds: int, seed: int) -> None:
-    ok = ~np.isnan(reuse_t)
-    for i in range(rounds):
-        meas = _pilot_reuse(model, 8, 384, seed + i)
-        rho = model.rho
-        # measured m = rho + (1 - rho)^2 b: estimate b, then solve for the rho that gives the target
-        with np.errstate(invalid="ignore", divide="ignore"):
-            b = np.clip((meas - rho) / np.maximum((1 - rho) ** 2, 1e-6), 0.0, 0.95)
-            disc = np.maximum(1 - 4 * b * (1 - reuse_t), 0.0)
-            y = np.where(b > 1e-6, (1 - np.sqrt(disc)) / (2 * np.maximum(b, 1e-6)), 1 - reuse_t)
-            # the baseline overlap alone already exceeds the target: keep nothing on purpose
-            y = np.where(b >= reuse_t, 1.0, y)
-        new = np.clip(1 - y, 0.0, 0.95)
-        model.rho = np.where(ok, new, 0.0)
-
-
-def _norm_cdf(x: np.ndarray) -> np.ndarray:
-    """Standard normal CDF (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
-    z = np.abs(x) / math.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-z * z)
-    return 0.5 * (1.0 + np.sign(x) * erf)
-
-
-def _norm_ppf(p: np.ndarray) -> np.ndarray:
-    """Inverse standard normal CDF (Acklam's rational approximation, relative error < 1.2e-9)."""
-    a = (-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02,
-         -3.066479806614716e+01, 2.506628277459239e+00)
-    b = (-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01,
-         -1.328068155288572e+01)
-    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549671010115154e+00,
-         4.374664141464968e+00, 2.938163982698783e+00)
-    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00)
-    p = np.clip(np.asarray(p, float), 1e-12, 1 - 1e-12)
-
-    def tail(q):
-        num = ((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]
-        return num / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
-    q = p - 0.5
-    r = q * q
-    mid = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
-        ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
-    low = tail(np.sqrt(-2 * np.log(np.minimum(p, 0.5))))
-    high = -tail(np.sqrt(-2 * np.log(np.minimum(1 - p, 0.5))))
-    return np.where(p < 0.02425, low, np.where(p > 1 - 0.02425, high, mid))
-
-
-# An expert's chance to be in a request's working set is at least its long-run inclusion per token over
-# this: a set member cannot be picked by more than every token, so a lower chance would force the weight
-# correction to make rare members huge.
-MAX_INCLUSION_IN_SET = 0.8
-
-
-def _membership(model: _Model, shift: np.ndarray) -> np.ndarray:
-    """[L, E] chance that expert e is in a request's working set: Phi(lambda log(p_e E) + c_l), popular
-    experts more often, floored so that the set can carry the expert's long-run inclusion."""
-    e = model.geo.n_experts
-    pref = model.pop_pref * np.log(np.maximum(model.q_target / model.geo.top_k * e, 1e-12))
-    floor = np.minimum(model.q_target / MAX_INCLUSION_IN_SET, 0.999)
-    return np.maximum(_norm_cdf(pref + np.asarray(shift, float)[:, None]), floor)
-
-
-def _shift_for_size(model: _Model, size: np.ndarray) -> np.ndarray:
-    """Per-layer shift c_l such that the expected working-set size sum_e membership = size."""
-    lo = np.full(model.geo.n_layers, -12.0)
-    hi = np.full(model.geo.n_layers, 12.0)
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        small = _membership(model, mid).sum(1) < size
-        lo = np.where(small, mid, lo)
-        hi = np.where(small, hi, mid)
-    return 0.5 * (lo + hi)
-
-
-def _set_size(model: _Model, size) -> None:
-    model.shift = np.where(model.local, _shift_for_size(model, np.broadcast_to(size, model.shift.shape)), 0.0)
-
-
-def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
-    """Find each layer's working-set size (from the prefill-union target) and keep probabilities (from the
-    reuse target) by pilot runs; the base weights get the marginal correction for the sizes found."""
-    seed = 7_777
-    w0 = model.w.copy()
-
-    def correct():  # the same random stream as the final correction in _build
-        model.w = w0.copy()
-        _correct_marginal(model, _correction_rng(model))
-
-    if union_t is None or not model.local.any():
-        correct()
-        _calibrate_rho(model, reuse_t, 3, seed)
-        return
-    chunk, target = union_t
-    n_req = max(4, min(16, 4096 // chunk))
-    e, k = model.geo.n_experts, model.geo.top_k
-    n_layers = model.geo.n_layers
-    # 1. With uncorrected weights: the union grows with the set size, except for tiny sets, where the k
-    #    picks exhaust the set. Scan sizes from the full set down, take the first bracket where the union
-    #    falls to the target (or the narrowest point if none does) and refine it by bisection.
-    sizes = np.linspace(float(e), min(3.0 * k, float(e)), 12)
-    unions = np.empty((sizes.size, n_layers))
-    for i, size in enumerate(sizes):
-        _set_size(model, size)
-        unions[i] = _pilot_union(model, chunk, n_req, seed + i)
-    below = unions <= target[None, :]
-    first = np.where(below.any(0), below.argmax(0), np.argmin(unions, 0))
-    hi = sizes[np.maximum(first - 1, 0)]
-    lo = sizes[first]
-
-    def bisect(lo, hi, steps, seed0, corrected):
-        for step in range(steps):
-            mid = 0.5 * (lo + hi)
-            _set_size(model, mid)
-            if corrected:
-                correct()
-            too_wide = _pilot_union(model, chunk, n_req, seed0 + step) > target
-            hi = np.where(too_wide, mid, hi)
-            lo = np.where(too_wide, lo, mid)
-        return 0.5 * (lo + hi)
-
-    size = bisect(lo, hi, 4, seed + 50, corrected=False)
-    # 2. Calibrate reuse at that size, then refine the size with the marginal correction redone at every
-    #    step (the correction moves the union), and recalibrate reuse for the final size.
-    _set_size(model, size)
-    correct()
-    _calibrate_rho(model, reuse_t, 2, seed + 1000)
-    size = bisect(np.maximum(0.6 * size, min(2.0 * k, e)), np.minimum(1.6 * size, e), 6, seed + 2000,
-                  corrected=True)
-    _set_size(model, size)
-    correct()
-    _calibrate_rho(model, reuse_t, 2, seed + 3000)
-
-

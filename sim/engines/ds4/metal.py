@@ -24,7 +24,7 @@ from sim.trace.format import MISSING
 
 # fmt: off
 METAL_HASH_LAYERS = 3                      # DS4_N_HASH_LAYER, Flash (ds4.c @b0309611 L560): routed by the token's table
-APPLE_PAGE_BYTES = 16 * 1024               # getpagesize() on Apple silicon macOS: the Metal cache's slots are page-rounded
+APPLE_PAGE_BYTES = 16 * 1024               # getpagesize() on Apple silicon macOS: the cache's slots are page-rounded
 METAL_CACHE_MEMORY = "expert cache (wired slots)"  # the Metal cache's share of the pool (an allocation's name)
 # fmt: on
 
@@ -43,7 +43,8 @@ class MetalDecode(Decode):
         requests, limit = run.scenario.workload.requests, run.knobs.decode_path_max
         too_long = [i for i, r in enumerate(requests) if r.prompt_tokens > limit]
         if too_long:
-            raise InputError(where, f"workload.requests[{too_long[0]}].prompt_tokens", requests[too_long[0]].prompt_tokens,
+            first = too_long[0]
+            raise InputError(where, f"workload.requests[{first}].prompt_tokens", requests[first].prompt_tokens,
                              f"not modelled: ds4's Metal batch prefill (prompts over {limit} tokens); shorter prompts "
                              "run the decode path, which is")
         n_layers, n_experts = run.layers.n_routed, run.layers.n_experts

@@ -217,7 +217,7 @@ class Settings(Strict):
     KEY_KIND: ClassVar[str] = "ds4 engine key"
     name: Literal["ds4"]
     # pre-504 .. pr1082, pr488, main-0728, main-v41, main-0814 (Metal), neutronstar-*: see VARIANTS.
-    variant: Literal[tuple(VARIANTS)]  # type: ignore[valid-type]
+    variant: Literal[tuple(VARIANTS)]
     flags: Flags = Field(default_factory=Flags)
     env: Env = Field(default_factory=Env)
 
@@ -462,7 +462,8 @@ def check_budget(scenario, where: str) -> None:
         if experts < 1:
             raise InputError(where, KEY_BUDGET, text, "must give at least one expert")
         if experts > total:
-            raise InputError(where, KEY_BUDGET, text, f"{experts} experts is more than the model's {total} routed experts")
+            raise InputError(where, KEY_BUDGET, text,
+                             f"{experts} experts is more than the model's {total} routed experts")
     cache_n = env.DS4_CUDA_STREAMING_EXPERT_CACHE_N
     if cache_n is not None and digits(cache_n) and int(cache_n) > total:
         raise InputError(where, "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_N", cache_n,

@@ -200,7 +200,7 @@ class Drafts(Strict):
 class Settings(Strict):
     KEY_KIND: ClassVar[str] = "strata engine key"
     name: Literal["strata"]
-    variant: Literal[tuple(BUILDS)]  # type: ignore[valid-type]
+    variant: Literal[tuple(BUILDS)]
     flags: Flags = Field(default_factory=Flags)
     env: Env = Field(default_factory=Env)
     drafts: Drafts = Field(default_factory=Drafts)

@@ -1,0 +1,126 @@
+"""`expertsim trace import | gen | record | stats`: routing traces in, and their statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sim.cli.common import force_option, print_json, show, table, trace_app
+from sim.errors import InputError
+from sim.outputs import claim_file
+
+
+def _write_trace(trace, output: Path) -> None:
+    from sim.trace.format import write_trace
+
+    try:
+        write_trace(trace, output)
+    except OSError as exc:
+        raise InputError(str(output), "output", str(output), f"cannot write: {exc.strerror}") from None
+
+
+def _trace_summary(trace, output: Path) -> dict:
+    h = trace.header
+    return {"output": str(output), "model": h.model, "rows": trace.n_rows, "n_layers": h.n_layers,
+            "n_experts": h.n_experts, "top_k": h.top_k, "lookups": trace.n_lookups,
+            "missing_cells": int(trace.missing_cells().sum()), "sha256": trace.sha256()}
+
+
+def _report_written(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(summary)
+    else:
+        show(table("trace written", [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
+
+
+@trace_app.command("import")
+def trace_import(
+    file: Path = typer.Argument(..., help="vLLM select_experts JSONL, or a generic CSV/JSONL"),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    fmt: str = typer.Option("auto", "--format", help="auto | vllm-jsonl | csv | jsonl"),
+    n_experts: Optional[int] = typer.Option(None, help="experts per layer (default: from --model, else max id + 1)"),
+    model: Optional[str] = typer.Option(None, help="model preset name the trace belongs to"),
+    force: bool = force_option(),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Convert a routing log into an expertsim trace."""
+    from sim.trace.importers import import_trace
+
+    claim_file(output, force, "--output")
+    trace = import_trace(file, fmt, n_experts=n_experts, model=model)
+    _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json)
+
+
+@trace_app.command("gen")
+def trace_gen(
+    preset: str = typer.Option(..., help="generator preset (a model preset name)"),
+    prompt_tokens: int = typer.Option(..., help="prompt (prefill) tokens per request"),
+    decode_tokens: int = typer.Option(..., help="decoded tokens per request"),
+    seed: int = typer.Option(0, help="random seed: same seed, same trace"),
+    requests: int = typer.Option(1, help="independent requests"),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    reuse_decode: Optional[float] = typer.Option(None, "--reuse-decode", help="your measured adjacent-token "
+                                                 "reuse in decode (share of a token's experts the previous token "
+                                                 "picked too) in place of the preset's"),
+    reuse_prefill: Optional[float] = typer.Option(None, "--reuse-prefill", help="the same in prefill"),
+    entropy: Optional[float] = typer.Option(None, "--entropy", help="normalized popularity entropy of the middle "
+                                            "layers (1 = uniform), for presets with a generic popularity"),
+    force: bool = force_option(),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Generate a synthetic trace that reproduces measured routing statistics (the preset's, or yours)."""
+    from sim.trace.generate import generate_trace
+
+    claim_file(output, force, "--output")
+    statistics = {k: v for k, v in (("reuse_decode", reuse_decode), ("reuse_prefill", reuse_prefill),
+                                    ("entropy", entropy)) if v is not None}
+    trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests, statistics or None)
+    _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json)
+
+
+@trace_app.command("record")
+def trace_record(
+    model: Path = typer.Option(..., help="local Hugging Face MoE model directory"),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write"),
+    prompt: Optional[str] = typer.Option(None, help="prompt text (needs the model's tokenizer)"),
+    prompt_tokens: Optional[int] = typer.Option(None, help="random prompt of this many token ids"),
+    decode_tokens: int = typer.Option(16, help="greedy decode steps"),
+    seed: int = typer.Option(0),
+    requests: int = typer.Option(1),
+    force: bool = force_option(),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Record router top-k per layer from a transformers MoE model (needs expertsim[record])."""
+    from sim.trace.record import record_trace
+
+    claim_file(output, force, "--output")
+    trace = record_trace(model, prompt=prompt, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
+                         seed=seed, requests=requests)
+    _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json)
+
+
+@trace_app.command("stats")
+def trace_stats_cmd(
+    trace_path: Path = typer.Argument(..., metavar="TRACE"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Routing statistics: reuse per layer, entropy, skew, prefill unions, co-activation."""
+    from sim.trace.format import read_trace
+    from sim.trace.stats import trace_stats
+
+    stats = trace_stats(read_trace(trace_path))
+    if as_json:
+        print_json(stats)
+        return
+    show(table(f"{trace_path}", [{"statistic": k, "value": v} for k, v in stats["summary"].items()],
+               ["statistic", "value"]))
+    show(table("per layer", stats["per_layer"]))
+    show(table("prefill union vs chunk length", stats["prefill_union"]))
+    for part, values in (stats.get("coactivation") or {}).items():
+        rows = [{"statistic": k, "value": v} for k, v in values.items() if not isinstance(v, (list, dict))]
+        show(table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))

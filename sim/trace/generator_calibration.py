@@ -1,0 +1,174 @@
+"""The calibration of a routing model by pilot runs of the per-token kernel: the working-set size per layer
+(from the prefill-union target), the keep probabilities (from the reuse target), and the correction of the base
+weights that keeps each expert's long-run share at its popularity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sim.trace.generator_params import _membership, _Model
+from sim.trace.stats import prefill_union_by_layer, reuse_by_layer
+
+
+def _inclusion(u: np.ndarray, k: int, lam: np.ndarray | None = None, steps: int = 40):
+    """Inclusion probabilities of k picks without replacement with weights u (last axis), by the
+    exponential-clock approximation pi_e = 1 - exp(-lam u_e) with sum pi = k. Returns (pi, lam)."""
+    u = u / u.sum(axis=-1, keepdims=True)
+    if lam is None:
+        lam = np.full(u.shape[:-1] + (1,), float(k))
+    for _ in range(steps):
+        ex = np.exp(-lam * u)
+        f = (1 - ex).sum(-1, keepdims=True) - k
+        df = (u * ex).sum(-1, keepdims=True)
+        lam = np.maximum(lam - f / np.maximum(df, 1e-300), 1e-9)
+    return 1 - np.exp(-lam * u), lam
+
+
+def _correction_rng(model: _Model):
+    return np.random.default_rng([model.hash_seed, 0xC0FFEE])
+
+
+def _tilt_samples(model: _Model, rng, n_mc: int) -> np.ndarray:
+    """[n_mc * contexts, L, E] weight factors of random request working sets times each context's boost."""
+    n, e = model.w.shape
+    a = math.sqrt(1 - model.eta ** 2)
+    zg = rng.standard_normal((n_mc, n, e))
+    zi = rng.standard_normal((n_mc, n, e))
+    z = a * np.take_along_axis(zg, np.broadcast_to(model.group_of[None].astype(np.int64), zg.shape), 2) \
+        + model.eta * zi
+    inside = (z > model.thr[None]) | ~model.local[None, :, None]
+    tilt = np.where(model.local[None, :, None], np.exp(model.sigma[None, :, None] * z), 1.0)
+    if model.n_ctx > 1:
+        boost = np.where(model.ctx_of[None] == np.arange(model.n_ctx)[:, None, None], model.kappa[None, :, None], 1.0)
+        tilt = tilt[:, None] * boost[None]
+        inside = inside[:, None]
+    tilt = np.where(inside, tilt, model.leak)
+    return tilt.reshape(-1, n, e)
+
+
+def _correct_marginal(model: _Model, rng, n_mc: int = 16, iters: int = 8) -> None:
+    """Adjust base weights so that the mean per-token inclusion over request working sets and token
+    contexts equals q_target (routed layers)."""
+    fix = ~model.is_hash
+    if not fix.any():
+        return
+    k = model.geo.top_k
+    tilt = _tilt_samples(model, rng, n_mc if model.local.any() else 1)
+    w = model.w.copy()
+    target = np.maximum(model.q_target, 1e-7)
+    lam = None
+    start = w / w.sum(1, keepdims=True)
+    for i in range(iters):
+        incl, lam = _inclusion(w[None] * tilt, k, lam, 40 if i == 0 else 8)
+        w = np.where(fix[:, None], w * (target / np.maximum(incl.mean(0), 1e-12)) ** 0.9, w)
+        w /= w.sum(1, keepdims=True)
+        w = np.clip(w, start / 30, start * 30)  # a guard: no expert's weight runs away
+    model.w = w
+
+
+def _pilot_union(model: _Model, chunk: int, n_req: int, seed: int) -> np.ndarray:
+    ex = model.run(seed, n_req, chunk, 0)
+    req = np.repeat(np.arange(n_req, dtype=np.int32), chunk)
+    phase = np.zeros(ex.shape[0], np.uint8)
+    mean, _ = prefill_union_by_layer(ex, req, phase, chunk, model.geo.n_experts)
+    return mean
+
+
+def _pilot_reuse(model: _Model, n_req: int, steps: int, seed: int) -> np.ndarray:
+    half = steps // 2
+    ex = model.run(seed, n_req, half, steps - half)
+    req = np.repeat(np.arange(n_req, dtype=np.int32), steps)
+    phase = np.tile(np.r_[np.zeros(half, np.uint8), np.ones(steps - half, np.uint8)], n_req)
+    hits, pairs = reuse_by_layer(ex, req, phase)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return hits / (model.geo.top_k * pairs)
+
+
+def _calibrate_rho(model: _Model, reuse_t: np.ndarray, rounds: int, seed: int) -> None:
+    ok = ~np.isnan(reuse_t)
+    for i in range(rounds):
+        meas = _pilot_reuse(model, 8, 384, seed + i)
+        rho = model.rho
+        # measured m = rho + (1 - rho)^2 b: estimate b, then solve for the rho that gives the target
+        with np.errstate(invalid="ignore", divide="ignore"):
+            b = np.clip((meas - rho) / np.maximum((1 - rho) ** 2, 1e-6), 0.0, 0.95)
+            disc = np.maximum(1 - 4 * b * (1 - reuse_t), 0.0)
+            y = np.where(b > 1e-6, (1 - np.sqrt(disc)) / (2 * np.maximum(b, 1e-6)), 1 - reuse_t)
+            # the baseline overlap alone already exceeds the target: keep nothing on purpose
+            y = np.where(b >= reuse_t, 1.0, y)
+        new = np.clip(1 - y, 0.0, 0.95)
+        model.rho = np.where(ok, new, 0.0)
+
+
+def _shift_for_size(model: _Model, size: np.ndarray) -> np.ndarray:
+    """Per-layer shift c_l such that the expected working-set size sum_e membership = size."""
+    lo = np.full(model.geo.n_layers, -12.0)
+    hi = np.full(model.geo.n_layers, 12.0)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        small = _membership(model, mid).sum(1) < size
+        lo = np.where(small, mid, lo)
+        hi = np.where(small, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def _set_size(model: _Model, size) -> None:
+    model.shift = np.where(model.local, _shift_for_size(model, np.broadcast_to(size, model.shift.shape)), 0.0)
+
+
+def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
+    """Find each layer's working-set size (from the prefill-union target) and keep probabilities (from the
+    reuse target) by pilot runs; the base weights get the marginal correction for the sizes found."""
+    seed = 7_777
+    w0 = model.w.copy()
+
+    def correct():  # the same random stream as the final correction in generator_model._build
+        model.w = w0.copy()
+        _correct_marginal(model, _correction_rng(model))
+
+    if union_t is None or not model.local.any():
+        correct()
+        _calibrate_rho(model, reuse_t, 3, seed)
+        return
+    chunk, target = union_t
+    n_req = max(4, min(16, 4096 // chunk))
+    e, k = model.geo.n_experts, model.geo.top_k
+    n_layers = model.geo.n_layers
+    # 1. With uncorrected weights: the union grows with the set size, except for tiny sets, where the k
+    #    picks exhaust the set. Scan sizes from the full set down, take the first bracket where the union
+    #    falls to the target (or the narrowest point if none does) and refine it by bisection.
+    sizes = np.linspace(float(e), min(3.0 * k, float(e)), 12)
+    unions = np.empty((sizes.size, n_layers))
+    for i, size in enumerate(sizes):
+        _set_size(model, size)
+        unions[i] = _pilot_union(model, chunk, n_req, seed + i)
+    below = unions <= target[None, :]
+    first = np.where(below.any(0), below.argmax(0), np.argmin(unions, 0))
+    hi = sizes[np.maximum(first - 1, 0)]
+    lo = sizes[first]
+
+    def bisect(lo, hi, steps, seed0, corrected):
+        for step in range(steps):
+            mid = 0.5 * (lo + hi)
+            _set_size(model, mid)
+            if corrected:
+                correct()
+            too_wide = _pilot_union(model, chunk, n_req, seed0 + step) > target
+            hi = np.where(too_wide, mid, hi)
+            lo = np.where(too_wide, lo, mid)
+        return 0.5 * (lo + hi)
+
+    size = bisect(lo, hi, 4, seed + 50, corrected=False)
+    # 2. Calibrate reuse at that size, then refine the size with the marginal correction redone at every
+    #    step (the correction moves the union), and recalibrate reuse for the final size.
+    _set_size(model, size)
+    correct()
+    _calibrate_rho(model, reuse_t, 2, seed + 1000)
+    size = bisect(np.maximum(0.6 * size, min(2.0 * k, e)), np.minimum(1.6 * size, e), 6, seed + 2000,
+                  corrected=True)
+    _set_size(model, size)
+    correct()
+    _calibrate_rho(model, reuse_t, 2, seed + 3000)
