@@ -132,7 +132,7 @@ VARIANTS = {v.name: v for v in (
             "ds4.c L4567-L4720, L54440-L54625); one global "
             "(layer, expert) table evicting by route hotness, its slots wired as they fill; misses read by buffered "
             "preads of a 9-thread pool into the slot, hits read in place; the non-routed weights mapped file "
-            "pages (sim/cache/hotness.py, sim/engine/ds4.py)", "planner"),
+            "pages (sim/cache/hotness.py, sim/engines/ds4/metal.py)", "planner"),
     Variant("neutronstar-glm-slab", False, False, "memcpy", False, True,
             "what-if: the neutronstar GLM stack's MTP draft steps with upstream's pre-504 slab",
             prefill_whole_layers=True),
