@@ -1,4 +1,4 @@
-"""ds4 CUDA streaming cache sizing (sim/engine/ds4_plan.py) against ds4-engine.md §1.3, §1.4, §1.12, §1.13."""
+"""ds4 CUDA streaming cache sizing (sim/engines/ds4: settings, sizing, planner, memory) against ds4-engine.md §1.3, §1.4, §1.12, §1.13."""
 
 import pytest
 from hypothesis import given

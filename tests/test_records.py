@@ -1,4 +1,4 @@
-"""Calibration records (sim/engine/records.py): a figure fitted on one run is flagged in the summary's
+"""Calibration records (sim/engines/records.py): a figure fitted on one run is flagged in the summary's
 out_of_domain whenever a run uses it outside its key (engine, model, hardware, context).
 
 The seeds run with a short request: which records a run reads does not depend on the workload's length.

@@ -1,4 +1,4 @@
-"""Strata engine model (sim/engine/strata.py): the #658 fork's figures, then the model's mechanisms.
+"""Strata engine model (sim/engines/strata/): the #658 fork's figures, then the model's mechanisms.
 
 Targets: seeds/strata-658-prefill-buffer-and-ram-budget.txt and reference/strata-engine.md §5.1, each with
 the tolerance band of the brief. The assertion message prints ours, the target and the error. A target the

@@ -1,4 +1,4 @@
-"""Strata v0.1.35 / #658 memory planning (sim/engine/strata_plan.py): rules, then the fork's numbers.
+"""Strata v0.1.35 / #658 memory planning (sim/engines/strata: sizing, pricing, lending, ram, conversations, memory): rules, then the fork's numbers.
 
 Validation setup (docs/planning.md, "Strata validation"): the qwen3.8-flash-next-iq3s preset (stand-in
 per-layer blob mix), the interleaved profile ranking (rank r -> layer r % 48), the fork's 1536 MiB reserve,

@@ -113,7 +113,7 @@ def scenario_data(name: str, overrides: tuple = ()) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def run(name: str, overrides: tuple = ()):
-    """Simulate a seed scenario (with overrides) once per process; returns sim.engine.run.RunResult."""
+    """Simulate a seed scenario (with overrides) once per process; returns sim.results.RunResult."""
     from sim.simulate import run_scenario
     from sim.scenario import load_scenario
 
