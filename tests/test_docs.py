@@ -30,21 +30,44 @@ def test_exhibit_is_current(name):
     assert not problems, "\n".join(problems) + STALE
 
 
+def _figure(row: dict) -> str:
+    return f"{row['metric']} {row['kind']} {row['arms']}"
+
+
+def allowed_to_leave_tolerance() -> dict[tuple[str, str], str]:
+    """tests/golden/left-tolerance.toml: (case, figure) -> the committed reason a row may leave tolerance."""
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "tests" / "golden" / "left-tolerance.toml").read_text()).get("row", [])
+    return {(r["case"], r["figure"]): r["reason"] for r in listed}
+
+
 def test_validation_exhibit_is_current_and_no_case_regressed():
     # one whole `validate` run (minutes) serves both checks. The recorded table is read before the exhibit is
     # computed (which rewrites it with EXPERTSIM_UPDATE_GOLDEN=1): CI fails on a figure that left its tolerance,
-    # naming it, and on any other change of the table until it is re-recorded
-    from sim.explore.validate import validate_all
+    # naming it, unless tests/golden/left-tolerance.toml lists it with a reason, and on any other change of the
+    # table until it is re-recorded. The recorded prediction is judged by today's rule against today's measured
+    # figure: a stricter rule or a corrected measured range is not the model regressing.
+    from sim.explore.validate import judge, validate_all
 
-    def within(rows):
-        return {(r["case"], r["metric"], r["arms"]): r["within"] for r in rows}
-
-    recorded = within(json.loads((pages.FIGURES / "validation-cases.json").read_text())["data"]["rows"])
-    now = within(validate_all(workers=2)["rows"])
-    regressed = [" ".join(map(str, key)) for key, was in recorded.items() if was and not now.get(key)]
+    recorded = {(r["case"], _figure(r)): r for r in
+                json.loads((pages.FIGURES / "validation-cases.json").read_text())["data"]["rows"] if r["metric"]}
+    now = {(r["case"], _figure(r)): r for r in validate_all(workers=2)["rows"] if r["metric"]}
+    allowed = allowed_to_leave_tolerance()
+    regressed = [" ".join(key) for key, r in now.items() if key in recorded and not r["within"] and key not in allowed
+                 and judge(r["kind"], recorded[key]["predicted"], r["measured_low"], r["measured_high"])["within"]]
     problems = make_docs.exhibit_problems("validation-cases", UPDATE)
-    assert not regressed, f"now outside tolerance: {regressed}"
+    assert not regressed, f"now outside tolerance (list it in tests/golden/left-tolerance.toml with the reason): {regressed}"
     assert not problems, "\n".join(problems) + STALE
+
+
+def test_rows_allowed_to_leave_tolerance_are_rows_with_reasons():
+    from sim.explore.validate import load_cases
+
+    rows = {(case.id, f"{m.metric} {m.kind} {'/'.join(m.arms)}") for _, case in load_cases() for m in case.measured}
+    for key, reason in allowed_to_leave_tolerance().items():
+        assert key in rows, f"tests/golden/left-tolerance.toml names no row of the cases: {key}"
+        assert len(reason) >= 20, f"tests/golden/left-tolerance.toml: {key} needs a reason"
 
 
 def test_quoted_numbers_match_the_exhibits():

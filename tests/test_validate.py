@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sim.engines.records import RECORDS
 from sim.errors import InputError
-from sim.explore.validate import CASES_DIR, TOLERANCE, Measured, band_reason, compare, load_case, load_cases
+from sim.explore.validate import (CASES_DIR, EFFECT_FLOOR, EFFECT_SHARE, TOLERANCE, Measured, band_reason, compare,
+                                  judge_effect, load_case, load_cases)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "figures" / "validation-cases.json"
@@ -84,12 +86,15 @@ def _rows(a, b, metric="decode_tok_s"):
 
 
 def test_compare_known_answers():
-    r = compare(_measured(), _rows(3.0, 1.0))  # predicted ratio 3 against 2: +50 %
-    assert r["predicted"] == 3.0 and r["error"] == pytest.approx(0.5) and r["within"] is False
+    r = compare(_measured(), _rows(3.0, 1.0))  # effect +200 % against +100 %: 100 points off, a third is 33
+    assert r["predicted"] == 3.0 and r["predicted_effect"] == pytest.approx(2.0)
+    assert r["error"] == pytest.approx(1.0) and r["tolerance"] == pytest.approx(1 / 3) and r["within"] is False
     r = compare(_measured(value=None, range=[2.5, 3.5]), _rows(3.0, 1.0))  # inside the range: no error
     assert r["error"] == 0.0 and r["within"] is True
-    r = compare(_measured(value=None, range=[1.0, 1.8]), _rows(2.07, 1.0))  # 15 % above the high end: within
-    assert r["error"] == pytest.approx(0.15) and r["within"] is True
+    r = compare(_measured(value=None, range=[1.0, 1.8]), _rows(2.06, 1.0))  # +106 % against at most +80 %: 26
+    assert r["error"] == pytest.approx(0.26) and r["within"] is True     # points off, a third of 80 is 26.7 ...
+    r = compare(_measured(value=None, range=[1.0, 1.8]), _rows(2.07, 1.0))
+    assert r["within"] is False and r["sign_agrees"] is None             # ... 27 is out (the range spans 0)
     r = compare(_measured(metric="decode_hit_rate", kind="percent", arms=["a"], value=97.0),
                 _rows(0.90, None, "decode_hit_rate"))  # 90 % against 97 %: -7 points, within 10
     assert r["predicted"] == pytest.approx(90.0) and r["error"] == pytest.approx(-7.0) and r["within"] is True
@@ -113,7 +118,34 @@ def test_band_reason_known_answers():
 
 
 def test_tolerances_are_the_issues():
-    assert TOLERANCE == {"ratio": 0.15, "percent": 10.0, "absolute": 0.25}
+    assert TOLERANCE == {"percent": 10.0, "absolute": 0.25}
+    assert (EFFECT_FLOOR, EFFECT_SHARE) == (0.05, 1 / 3)
+
+
+@pytest.mark.parametrize("predicted, measured, within, sign", [
+    (1.00, 1.10, False, False),   # "no effect" against +10 %: 10 points off, the allowance is 5
+    (1.06, 1.10, True, True),     # +6 % against +10 %: 4 points off
+    (0.99, 1.04, True, None),     # an effect under 5 %: its sign is not judged, 5 points allowed
+    (0.99, 1.06, False, False),   # -1 % against +6 %: 7 points off and of the wrong sign
+    (1.01, 1.06, True, True),
+    (0.80, 0.70, True, True),     # -20 % against -30 %: a third of 30 is 10 points
+    (0.79, 0.70, True, True),
+    (0.81, 0.70, False, True),    # 11 points off
+    (1.02, 0.90, False, False),   # +2 % against -10 %: wrong sign
+    (1.60, 1.30, False, True),    # +60 % against +30 %: 30 points off, 10 allowed
+])
+def test_effect_rule_known_answers(predicted, measured, within, sign):
+    r = judge_effect(predicted, measured, measured)
+    assert r["within"] is within and r["sign_agrees"] is sign
+
+
+def test_effect_rule_for_a_range_counts_from_the_nearer_end():
+    # S5's ring 48 against the default ring: 231.1-234.3 over 170.6-173.4 tok/s = 1.333-1.373
+    low, high = 231.1 / 173.4, 234.3 / 170.6
+    assert judge_effect(1.35, low, high)["error"] == 0.0
+    r = judge_effect(1.50, low, high)   # 12.7 points above the high end's +37.3 %, whose third is 12.4
+    assert r["error"] == pytest.approx(1.50 - high) and r["within"] is False
+    assert judge_effect(1.49, low, high)["within"] is True
 
 
 def test_roles_are_derived_from_the_records_and_at_most_a_third_calibrate():
@@ -194,3 +226,22 @@ def test_validate_reports_the_recorded_gpu_replays_of_every_machine():
     recorded = json.loads(REPLAY_SPREAD_FILE.read_text())["rows"]
     machines = {r["machine"].split(" (")[0] for r in recorded}
     assert {r["machine"] for r in replay_by_machine()} == machines
+
+
+def test_effect_drivers_name_the_input_that_moves_the_effect():
+    # a ratio whose numerator follows input "a.x" and not "b.y" (a known answer): the effect's drivers name a.x
+    # alone, with rho +1, and the effect keeps its sign in every sample
+    from sim.explore.validate import _band
+
+    rng = np.random.default_rng(1)
+    xs, ys = rng.permutation(np.linspace(1.0, 2.0, 12)), rng.permutation(np.linspace(0.0, 1.0, 12))
+    def sample(x, y, figure):
+        return ({"a.x": x, "b.y": y}, {"error": None, "decode_tok_s": figure})
+    samples = {"a": [sample(x, y, 10 * (1 + x)) for x, y in zip(xs, ys)],
+               "b": [sample(x, y, 10.0) for x, y in zip(xs, ys)]}
+    out = _band(_measured(value=2.5), samples)
+    assert [d["input"] for d in out["effect_drivers"]] == ["a.x"]
+    assert out["effect_drivers"][0]["rho"] == pytest.approx(1.0) and out["effect_sign_stable"] is True
+    assert out["band_p10"] < 2.5 < out["band_p90"] and out["in_band"] is True
+    flipping = {"a": [sample(x, y, 10 * (x - 0.5)) for x, y in zip(xs, ys)], "b": samples["b"]}
+    assert _band(_measured(value=2.5), flipping)["effect_sign_stable"] is False  # effects from -50 % to +50 %

@@ -154,13 +154,14 @@ def validate(
     workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
     uncertainty: int = typer.Option(0, "--uncertainty", min=0, metavar="N",
                                     help="also run N Latin-hypercube samples of every arm's estimated inputs: "
-                                         "each figure's p10-p90 band"),
+                                         "each figure's p10-p90 band, and for a ratio what moves its effect"),
     seed: int = typer.Option(0, "--seed", help="the samples' seed"),
     force: bool = force_option(),
     as_json: bool = typer.Option(False, "--json", help="print the record as JSON only"),
 ):
     """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
-    from sim.explore.validate import REPLAY_SPREAD_FILE, load_cases, replay_table, validate_cases, write_record
+    from sim.explore.validate import (REPLAY_SPREAD_FILE, drivers_text, effect_text, error_text, load_cases,
+                                      replay_table, validate_cases, verdict_text, write_record)
 
     if output is not None:
         claim_folder(output, force, "--output")
@@ -178,21 +179,23 @@ def validate(
             continue
         measured = r["measured_low"] if r["measured_low"] == r["measured_high"] else \
             f"{format_cell(r['measured_low'])}-{format_cell(r['measured_high'])}"
-        error = None if r["error"] is None else (f"{r['error']:+.1f} pt" if r["kind"] == "percent"
-                                                 else f"{r['error']:+.1%}")
         shown.append({"case": r["case"], "role": r["role"], "figure": f"{r['metric']} {r['kind']} {r['arms']}",
-                      "predicted": r["predicted"], "measured": measured, "error": error,
-                      "ok": {True: "yes", False: "no", None: r["failed"] and "failed"}[r["within"]],
+                      "predicted": r["predicted"], "measured": measured,
+                      "effect predicted / measured": effect_text(r), "error": error_text(r),
+                      "ok": verdict_text(r),
                       "p10-p90": None if r.get("band_p10") is None else
                       f"{format_cell(r['band_p10'])}-{format_cell(r['band_p90'])}"
                       + ("" if r["in_band"] else " (misses)"),
                       "why not in band": r.get("band_reason"),
+                      "what moves the effect": drivers_text(r) or None,
                       "out of domain": len(r["out_of_domain"]) or None})
     t = record["totals"]
-    show(table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['prediction_rows_within']}"
-               f" of {t['prediction_rows_judged']} prediction figures within tolerance", shown,
-               ["case", "role", "figure", "predicted", "measured", "error", "ok",
-                *(["p10-p90", "why not in band"] if uncertainty else []), "out of domain"]))
+    show(table(f"validation: {t['expressible']} of {t['cases']} cases expressible, {t['calibration_cases']} "
+               f"calibration; {t['ratio_rows_within']} of {t['ratio_rows']} ratio effects pass "
+               f"({t['ratio_rows_wrong_sign']} of the wrong sign); {t['prediction_rows_within']} of "
+               f"{t['prediction_rows_judged']} prediction figures within tolerance", shown,
+               ["case", "role", "figure", "predicted", "measured", "effect predicted / measured", "error", "ok",
+                *(["p10-p90", "why not in band", "what moves the effect"] if uncertainty else []), "out of domain"]))
     show(table(f"GPU copy replay per machine: median relative error per step (recorded on H200s, "
                f"{REPLAY_SPREAD_FILE.name})", replay_table(record["gpu_replay"])))
 

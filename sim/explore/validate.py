@@ -6,8 +6,9 @@
 A case (one TOML file, `Case` below) holds a base scenario (the `[scenario]` table, as a scenario file would),
 its arms (each the base with some settings changed, in sweep's dotted-key spelling) and what was measured:
 a ratio between two arms (the primary figure: it cancels what the engines' authors did not publish), a
-percentage, or an absolute figure, each with its source. The tolerance is the kind's, one policy for all
-(TOLERANCE). A case's role is derived, never typed: `calibration` when a calibration record
+percentage, or an absolute figure, each with its source. One policy for all (TOLERANCE, `judge_effect`): a ratio
+row is judged on its *effect* (ratio - 1, what turning the knob does), a percent row within 10 points, an absolute
+row within 25 %. A case's role is derived, never typed: `calibration` when a calibration record
 (sim/engines/records.py) names the case, else `prediction`. A measurement the model cannot express stays in
 the table as `not expressible: <what is missing>`.
 
@@ -24,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from sim.calibrate.fit import REPLAY_GOAL_MEDIAN_ERROR
@@ -38,9 +40,13 @@ CASES_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
 # without a GPU, so it reports these recorded replays per machine rather than making new ones.
 REPLAY_SPREAD_FILE = CASES_DIR.parent / "hardware" / "calibration" / "h200-replay-spread.json"
 SCHEMA = "expertsim.validation/1"
-# Tolerances (issue 11): a ratio between arms within 15 % of the measured ratio, a percentage within 10
-# points, an absolute figure within 25 %.
-TOLERANCE = {"ratio": 0.15, "percent": 10.0, "absolute": 0.25}
+# Tolerances: a percentage within 10 points, an absolute figure within 25 % (issue 11). A ratio between arms is
+# judged on its effect (issue 31, `judge_effect`): the prediction within max(5 points, a third of the measured
+# effect) of the measured effect, and of the same sign where the measured effect is at least 5 % either way. A
+# fixed band on the ratio would let "no effect" pass every effect smaller than the band.
+TOLERANCE = {"percent": 10.0, "absolute": 0.25}
+EFFECT_FLOOR = 0.05      # 5 points of effect: below it an effect is within run-to-run noise (its sign is not judged)
+EFFECT_SHARE = 1 / 3     # ... above it the prediction may miss by a third of the measured effect
 PERCENT_METRICS = ("decode_hit_rate", "prefill_hit_rate", "belady_decode_hit_rate")  # 0-1 in the summary
 
 
@@ -155,8 +161,26 @@ def _figure(metric: str, value: float | None) -> float | None:
     return value * 100 if metric in PERCENT_METRICS else float(value)
 
 
+def judge_effect(predicted_ratio: float, low: float, high: float) -> dict:
+    """A ratio row judged on its effect (ratio - 1): the error is the distance in points to the nearer end of the
+    measured range (0 inside it), the tolerance max(5 points, a third of that end's effect), and where the whole
+    measured range lies 5 % or more on one side of 1 the predicted effect must lie on that side too."""
+    effect = predicted_ratio - 1.0
+    low_effect, high_effect = low - 1.0, high - 1.0
+    nearest = low_effect if effect < low_effect else high_effect if effect > high_effect else effect
+    tolerance = max(EFFECT_FLOOR, EFFECT_SHARE * abs(nearest))
+    measured_sign = 1 if low_effect >= EFFECT_FLOOR else -1 if high_effect <= -EFFECT_FLOOR else 0
+    sign_agrees = None if measured_sign == 0 else effect * measured_sign > 0
+    error = effect - nearest
+    return {"predicted_effect": effect, "measured_effect_low": low_effect, "measured_effect_high": high_effect,
+            "error": error, "tolerance": tolerance, "sign_agrees": sign_agrees,
+            "within": sign_agrees is not False and abs(error) <= tolerance + 1e-12}
+
+
 def compare(m: Measured, rows: dict[str, dict]) -> dict:
-    """One measured figure against the arms' rows: predicted, error, within tolerance (or why not computed)."""
+    """One measured figure against the arms' rows: predicted, error, within tolerance (or why not computed). A
+    ratio row's error and tolerance are in points of effect (`judge_effect`), a percent row's in points, an
+    absolute row's relative to the nearer end of the measured range."""
     failed = [rows[a]["error"] for a in m.arms if rows[a]["error"]]
     values = [_figure(m.metric, rows[a].get(m.metric)) for a in m.arms]
     predicted = None
@@ -165,20 +189,57 @@ def compare(m: Measured, rows: dict[str, dict]) -> dict:
             predicted = values[0] / values[1] if values[1] else None
         else:
             predicted = values[0]
-    low, high = m.low, m.high
-    if predicted is None:
-        error = None
-    elif m.kind == "percent":
-        error = 0.0 if low <= predicted <= high else (predicted - low if predicted < low else predicted - high)
-    else:
-        nearest = low if predicted < low else high if predicted > high else predicted
-        error = 0.0 if nearest == predicted else (predicted - nearest) / nearest
-    within = None if error is None else abs(error) <= TOLERANCE[m.kind] + 1e-12
     ood = sorted({note for a in m.arms for note in rows[a].get("out_of_domain") or []})
     return {"metric": m.metric, "kind": m.kind, "arms": "/".join(m.arms), "predicted": predicted,
-            "measured_low": low, "measured_high": high, "error": error, "tolerance": TOLERANCE[m.kind],
-            "within": within, "failed": failed[0] if failed else None, "out_of_domain": ood,
-            "source": m.source, "note": m.note}
+            "measured_low": m.low, "measured_high": m.high, **judge(m.kind, predicted, m.low, m.high),
+            "failed": failed[0] if failed else None, "out_of_domain": ood, "source": m.source, "note": m.note}
+
+
+def judge(kind: str, predicted: float | None, low: float, high: float) -> dict:
+    """A predicted figure against a measured one (or range) by the kind's rule: error, tolerance, within (None
+    where nothing was predicted) and, for a ratio, the effects and whether their signs agree."""
+    judged = {"predicted_effect": None, "measured_effect_low": None, "measured_effect_high": None,
+              "sign_agrees": None, "error": None, "within": None, "tolerance": TOLERANCE.get(kind)}
+    if kind == "ratio":
+        judged["measured_effect_low"], judged["measured_effect_high"] = low - 1.0, high - 1.0
+        if predicted is not None:
+            judged.update(judge_effect(predicted, low, high))
+    elif predicted is not None:
+        if kind == "percent":
+            error = 0.0 if low <= predicted <= high else (predicted - low if predicted < low else predicted - high)
+        else:
+            nearest = low if predicted < low else high if predicted > high else predicted
+            error = 0.0 if nearest == predicted else (predicted - nearest) / nearest
+        judged.update(error=error, within=abs(error) <= TOLERANCE[kind] + 1e-12)
+    return judged
+
+
+def effect_text(row: dict) -> str:
+    """A ratio row's effects side by side, 'predicted +44.7 % / measured +68.7 %' ('' for other rows)."""
+    if row["kind"] != "ratio" or row["measured_effect_low"] is None:
+        return ""
+    low, high = row["measured_effect_low"], row["measured_effect_high"]
+    measured = f"{100 * low:+.1f} %" if low == high else f"{100 * low:+.1f} to {100 * high:+.1f} %"
+    predicted = "-" if row["predicted_effect"] is None else f"{100 * row['predicted_effect']:+.1f} %"
+    return f"{predicted} / {measured}"
+
+
+def error_text(row: dict) -> str:
+    """The error in the row's own unit: points of effect (ratio), points (percent), relative (absolute)."""
+    if row["error"] is None:
+        return ""
+    if row["kind"] == "ratio":
+        return f"{100 * row['error']:+.1f} pt (<= {100 * row['tolerance']:.1f})"
+    return f"{row['error']:+.1f} pt" if row["kind"] == "percent" else f"{100 * row['error']:+.1f} %"
+
+
+def verdict_text(row: dict) -> str:
+    """yes / no / no: wrong sign / failed: why."""
+    if row["within"] is None:
+        return f"failed: {row['failed']}" if row["failed"] else ""
+    if row["sign_agrees"] is False:
+        return "no: wrong sign"
+    return "yes" if row["within"] else "no"
 
 
 def base_of(path: Path, case: Case) -> tuple[Path, dict]:
@@ -222,8 +283,9 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
         head = _case_row(case)
         if case.not_expressible is not None:
             rows.append({**head, "metric": None, "kind": None, "arms": None, "predicted": None, "measured_low": None,
-                         "measured_high": None, "error": None, "tolerance": None, "within": None, "failed": None,
-                         "out_of_domain": [], "source": case.source,
+                         "measured_high": None, "predicted_effect": None, "measured_effect_low": None,
+                         "measured_effect_high": None, "sign_agrees": None, "error": None, "tolerance": None,
+                         "within": None, "failed": None, "out_of_domain": [], "source": case.source,
                          "note": f"not expressible: {case.not_expressible}"})
             summary.append({**head, "expressible": False, "arms": 0})
             continue
@@ -241,7 +303,8 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
 
 
 def _sample_arms(points: dict, n: int, seed: int, executor: str, workers: int | None) -> dict:
-    """Every arm's rows on n samples of its inputs (arms on the same profile share sample i's values)."""
+    """Every arm's rows on n samples of its inputs (arms on the same profile share sample i's values): for each arm
+    a list of (the sample's input values, its row), None where the sample did not run."""
     from sim.explore.runner import load_scenario_data
     from sim.explore.uncertainty import latin_hypercube, sample_points, uncertain_inputs
 
@@ -257,25 +320,52 @@ def _sample_arms(points: dict, n: int, seed: int, executor: str, workers: int | 
     found: dict = {key: [None] * n for key in points}
     for sample, row in run_points(todo, executor, workers, share_routing=True):
         key, i = keys[sample.point_id]
-        found[key][i] = row
-    return {key: [r for r in rows if r is not None] for key, rows in found.items()}
+        found[key][i] = (sample.profile_values, row)
+    return found
 
 
-def _band(m: Measured, samples: dict[str, list[dict]]) -> dict:
-    """The figure's p10-p90 over the samples, and whether the measured figure (or its range) meets that band."""
+# An effect's drivers: the inputs whose sampled values move it, by Spearman's rank correlation over the samples
+# (the Latin hypercube pairs the inputs at random, so one input's correlation is its own share of the effect's
+# spread). Below EFFECT_DRIVER_MIN_RHO a correlation over a handful of samples is noise; the top few are shown.
+EFFECT_DRIVER_MIN_RHO = 0.5
+EFFECT_DRIVERS_SHOWN = 3
+
+
+def _band(m: Measured, samples: dict[str, list]) -> dict:
+    """The figure's p10-p90 over the samples, and whether the measured figure (or its range) meets that band; for
+    a ratio also what moves its effect: the inputs whose values correlate with it, and whether every sample
+    predicts an effect of the same sign (then the sign comes from the mechanism, not from an estimated figure)."""
+    import pandas as pd
+
     from sim.explore.uncertainty import quantiles
 
-    values = []
+    values, inputs = [], []
     for i in range(min(len(rows) for rows in samples.values())):
-        figs = [_figure(m.metric, samples[a][i].get(m.metric)) if not samples[a][i]["error"] else None
-                for a in m.arms]
-        if None in figs:
+        pairs = [samples[a][i] for a in m.arms]
+        if any(p is None or p[1]["error"] for p in pairs):
             continue
-        values.append(figs[0] / figs[1] if m.kind == "ratio" and figs[1] else figs[0] if m.kind != "ratio" else None)
+        figs = [_figure(m.metric, row.get(m.metric)) for _, row in pairs]
+        if None in figs or (m.kind == "ratio" and not figs[1]):
+            continue
+        values.append(figs[0] / figs[1] if m.kind == "ratio" else figs[0])
+        inputs.append({path: v for given, _ in pairs for path, v in given.items()})
     q = quantiles(values)
     consistent = None if q["p10"] is None else (m.low <= q["p90"] and m.high >= q["p10"])
-    return {"band_p10": q["p10"], "band_median": q["median"], "band_p90": q["p90"], "band_samples": q["n"],
-            "in_band": consistent}
+    out = {"band_p10": q["p10"], "band_median": q["median"], "band_p90": q["p90"], "band_samples": q["n"],
+           "in_band": consistent}
+    if m.kind == "ratio":
+        effects = pd.Series(values, dtype=float) - 1.0
+        table = pd.DataFrame(inputs)
+        # Spearman's rho as the Pearson correlation of the ranks (pandas' own spearman needs scipy)
+        ranks = effects.rank()
+        rho = table.apply(lambda column: column.rank().corr(ranks)) if len(values) > 2 else pd.Series(dtype=float)
+        rho = rho.dropna()
+        strong = rho[rho.abs() >= EFFECT_DRIVER_MIN_RHO].sort_values(key=abs, ascending=False)
+        out["effect_drivers"] = [{"input": path, "rho": float(r)} for path, r in
+                                 strong.head(EFFECT_DRIVERS_SHOWN).items()]
+        signs = set(np.sign(effects[effects != 0]))
+        out["effect_sign_stable"] = None if not values else len(signs) <= 1
+    return out
 
 
 def band_reason(row: dict) -> str | None:
@@ -292,18 +382,32 @@ def band_reason(row: dict) -> str | None:
     return "outside tolerance: " + (row["note"] or "a mechanism or setting the model lacks")
 
 
+def drivers_text(row: dict) -> str:
+    """What moves a ratio row's effect under --uncertainty: 'same sign in every sample; host.memcpy_gbps
+    (rho +0.82)', or '' where the row was not sampled."""
+    if row.get("effect_sign_stable") is None:
+        return ""
+    head = "same sign in every sample" if row["effect_sign_stable"] else "sign differs between samples"
+    drivers = ", ".join(f"{d['input']} (rho {d['rho']:+.2f})" for d in row["effect_drivers"])
+    return f"{head}; {drivers or 'no input correlates with it'}"
+
+
 def _arm_figures(row: dict) -> dict:
     return {**{k: row.get(k) for k in METRICS}, "error": row["error"], "notices": row.get("notices", []),
             "out_of_domain": row.get("out_of_domain", [])}
 
 
 def totals(rows: list[dict], cases: list[dict]) -> dict:
-    """Counts the issue's targets are stated in: cases expressible, prediction rows within tolerance."""
+    """Counts the issues' targets are stated in: cases expressible, ratio rows (prediction and calibration) whose
+    effect passes and whose sign is wrong, prediction rows within tolerance."""
     predictions = [r for r in rows if r["role"] == "prediction" and r["metric"] is not None]
     judged = [r for r in predictions if r["within"] is not None]
     banded = [r for r in predictions if r.get("in_band") is not None]
+    ratios = [r for r in rows if r["kind"] == "ratio" and r["within"] is not None]
     return {"cases": len(cases), "expressible": sum(c["expressible"] for c in cases),
             "calibration_cases": sum(c["role"] == "calibration" for c in cases),
+            "ratio_rows": len(ratios), "ratio_rows_within": sum(bool(r["within"]) for r in ratios),
+            "ratio_rows_wrong_sign": sum(r["sign_agrees"] is False for r in ratios),
             "prediction_rows": len(predictions), "prediction_rows_judged": len(judged),
             "prediction_rows_within": sum(bool(r["within"]) for r in judged),
             "prediction_rows_banded": len(banded), "prediction_rows_in_band": sum(bool(r["in_band"]) for r in banded)}
@@ -328,6 +432,8 @@ def write_record(record: dict, out_dir: str | Path) -> dict:
         (out / "validation.json").write_text(dumps(record, indent=2) + "\n")
         frame = pd.DataFrame(record["rows"])
         frame["out_of_domain"] = frame["out_of_domain"].map(dumps)
+        if "effect_drivers" in frame:  # lists of records, as JSON text like out_of_domain
+            frame["effect_drivers"] = frame["effect_drivers"].map(lambda d: None if d is None or d != d else dumps(d))
         frame.to_parquet(out / "validation.parquet", index=False)
     except OSError as exc:
         raise InputError(str(out), "output", str(out), f"cannot write: {exc.strerror}") from None
@@ -384,6 +490,7 @@ def validate_all(workers: int | None = None) -> dict:
     return validate_cases(load_cases(), workers=workers)
 
 
-__all__ = ["CASES_DIR", "REPLAY_SPREAD_FILE", "Case", "Measured", "TOLERANCE", "band_reason", "compare", "load_case",
-           "load_cases", "percent_range", "provenance", "replay_by_machine", "replay_table", "totals", "validate_all",
-           "validate_cases", "write_record"]
+__all__ = ["CASES_DIR", "EFFECT_FLOOR", "EFFECT_SHARE", "REPLAY_SPREAD_FILE", "Case", "Measured", "TOLERANCE",
+           "band_reason", "compare", "drivers_text", "effect_text", "error_text", "judge", "judge_effect", "load_case", "load_cases", "percent_range", "provenance",
+           "replay_by_machine", "replay_table", "totals", "validate_all", "validate_cases", "verdict_text",
+           "write_record"]

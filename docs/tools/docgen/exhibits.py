@@ -834,13 +834,16 @@ def validation_cases() -> Exhibit:
 
     record = validate_all(workers=2)
     rows = [{k: r[k] for k in ("case", "title", "role", "metric", "kind", "arms", "predicted", "measured_low",
-                               "measured_high", "error", "tolerance", "within", "failed", "source", "note")}
+                               "measured_high", "predicted_effect", "measured_effect_low", "measured_effect_high",
+                               "sign_agrees", "error", "tolerance", "within", "failed", "source", "note")}
             | {"out_of_domain": len(r["out_of_domain"])} for r in record["rows"]]
     t = record["totals"]
     judged = t["prediction_rows_judged"]
     numbers = {"cases": f0(t["cases"]), "expressible": f0(t["expressible"]),
                "calibration_cases": f0(t["calibration_cases"]),
                "within": f0(t["prediction_rows_within"]), "judged": f0(judged),
+               "ratio_rows": f0(t["ratio_rows"]), "ratio_within": f0(t["ratio_rows_within"]),
+               "ratio_wrong_sign": f0(t["ratio_rows_wrong_sign"]),
                "within_share": pct(t["prediction_rows_within"] / judged, 0) if judged else "-"}
     return Exhibit({"cases": "scenarios/validation/*.toml", "command": "expertsim validate"},
                    {"rows": rows, "totals": t}, numbers)

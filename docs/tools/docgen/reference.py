@@ -265,22 +265,25 @@ def _figure_text(value, kind: str) -> str:
 
 
 def validation_table() -> str:
+    """The validation record as `expertsim validate` prints it: a ratio row's effects side by side, its error in
+    points of effect (sim.explore.validate.judge_effect)."""
+    from sim.explore.validate import effect_text, error_text, verdict_text
+
     rows = []
     for r in exhibit("validation-cases")["data"]["rows"]:
         if r["metric"] is None:
-            rows.append([f"`{r['case']}`", r["role"], r["note"], "", "", "", "", "", r["source"], ""])
+            rows.append([f"`{r['case']}`", r["role"], r["note"], "", "", "", "", "", "", r["source"], ""])
             continue
         measured = _figure_text(r["measured_low"], r["kind"])
         if r["measured_high"] != r["measured_low"]:
             measured += f"–{_figure_text(r['measured_high'], r['kind'])}"
-        error = "" if r["error"] is None else (f"{r['error']:+.1f} pt" if r["kind"] == "percent"
-                                               else f"{100 * r['error']:+.1f} %")
-        ok = {True: "yes", False: "**no**", None: "failed: " + (r["failed"] or "")}[r["within"]]
+        verdict = verdict_text(r)
         rows.append([f"`{r['case']}`", r["role"], f"{r['metric']} ({r['kind']}, {r['arms']})",
-                     _figure_text(r["predicted"], r["kind"]), measured, error, ok, r["out_of_domain"] or "",
-                     r["source"], r["note"] or ""])
-    return table(["case", "role", "figure", "predicted", "measured", "error", "within", "out of domain", "measured where",
-                  "what the model lacks"], rows, "lllrrrlrll")
+                     _figure_text(r["predicted"], r["kind"]), measured, effect_text(r), error_text(r),
+                     verdict if verdict == "yes" else f"**{verdict}**", r["out_of_domain"] or "", r["source"],
+                     r["note"] or ""])
+    return table(["case", "role", "figure", "predicted", "measured", "effect predicted / measured", "error",
+                  "within", "out of domain", "measured where", "what the model lacks"], rows, "lllrrrrlrll")
 
 
 def generator_honesty_table() -> str:
