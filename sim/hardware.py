@@ -64,7 +64,8 @@ class Host(Strict):
     # cores, not SMT threads: Strata's expert pool runs a worker on every core but its host thread's, which joins
     physical_cores: Cores
     # Expert weights one core's dequantize-and-dot kernel consumes per second in an engine's CPU expert pool
-    # (Strata computes decode misses there): the pool's rate is this x its threads, at most the DRAM rate.
+    # (Strata computes decode misses there): the pool's rate is this x its threads, at most the share of the DRAM
+    # rate the copies and DMA in flight leave it (sim/machine Machine.cpu_kernel).
     expert_kernel_gbps: GBps
     ram_gib: GiBs  # host RAM; on unified memory the whole pool the GPU shares
     # RAM the OS, its desktop and other processes hold while the engine runs: neither the engine nor the

@@ -215,3 +215,63 @@ def readers(fields: set[str], spelling: str) -> set[str]:
 def test_each_knob_is_read_in_one_module(knob):
     fields, spelling = KNOBS[knob]
     assert len(readers(fields, spelling)) == 1, readers(fields, spelling)
+
+
+# The machine owns every rate (docs/design.md): engine code asks a resource to move bytes and waits on the event it
+# gets back; it never reads a rate, divides bytes by one or books a job to start later than it is issued.
+RATE_ATTRIBUTE = re.compile(r"gbps|bytes_per_s|s_per_byte|^rates$|^[hd]2[hd]_(pinned|pageable)$", re.IGNORECASE)
+RATE_NAME = re.compile(r"gbps|bytes_per_s|s_per_byte|(^|_)rates?($|_)|^[hd]2[hd]_(pinned|pageable)$", re.IGNORECASE)
+# What Strata's startup probe measures (probe_pcie_h2d_gbps): an input to its --pcie-frac rule, compared with the
+# rule's thresholds, never a price.
+RATE_READS_ALLOWED = {"probe_h2d_gbps"}
+
+
+def _names(node: ast.AST) -> list[str]:
+    """The names and attribute names an expression reads."""
+    return [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def _is_rate(node: ast.AST) -> bool:
+    """An expression that is a rate: a rate's name, a rate attribute, or an element of one (rates["h2d_pinned"])."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Name):
+        return bool(RATE_NAME.search(node.id))
+    return isinstance(node, ast.Attribute) and bool(RATE_NAME.search(node.attr))
+
+
+def rate_arithmetic(source: str, where: str = "<code>") -> list[str]:
+    """Where code prices bytes itself: a rate attribute read (machine.h2d.bytes_per_s, hw.gpu.dram_bandwidth_gbps,
+    machine.rates), a division by a rate (n_bytes / rate; a ratio of two rates is no price), or a job booked ahead
+    of its issue (ready_s=)."""
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and RATE_ATTRIBUTE.search(node.attr) and node.attr not in RATE_READS_ALLOWED:
+            found.append(f"{where}:{node.lineno} reads .{node.attr}")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) and _is_rate(node.right) \
+                and not any(RATE_NAME.search(name) for name in _names(node.left)):
+            found.append(f"{where}:{node.lineno} divides by {ast.unparse(node.right)}")
+        elif isinstance(node, ast.keyword) and node.arg == "ready_s":
+            found.append(f"{where}:{node.value.lineno} books ahead (ready_s=)")
+    return found
+
+
+def test_engines_never_price_bytes_themselves():
+    found = []
+    for name, path in modules().items():
+        if name.startswith("sim.engines."):
+            found += rate_arithmetic(path.read_text(), name)
+    assert found == []
+
+
+def test_the_rate_check_catches_what_it_is_for():
+    caught = ["t = n_bytes / machine.h2d.bytes_per_s", "t = n / m.rates['h2d_pageable']", "t = n_bytes / rate",
+              "s = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9)", "t = n * run.weight_read_s_per_byte",
+              "t = pageable / run.h2d_pageable", "gpu.book(1.0, ready_s=end)", "t = n // self.pool_bytes_per_s"]
+    for line in caught:
+        assert rate_arithmetic(line), line
+    passed = ["f = PCIE_FRAC * probe_gbps / PCIE_PROBE_SCALE_GBPS", "share = hits / lookups",
+              "yield m.h2d.copy(n_bytes, 3)", "mib = n_bytes / MIB", "s = m.vram_read_s(n_bytes)"]
+    for line in passed:
+        assert not rate_arithmetic(line), line

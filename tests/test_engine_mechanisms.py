@@ -8,6 +8,7 @@ not from a term the engine model adds.
 
 from __future__ import annotations
 
+import collections
 import tomllib
 from pathlib import Path
 
@@ -212,3 +213,25 @@ def test_strata_small_chunks_pay_the_expert_weight_read_over_fewer_tokens(tmp_pa
     per_token_s = 48 * load_hardware(box).compute["qwen3.8-flash-next"].prefill_us_per_token_layer.value * 1e-6
     most = (per_token_s + 48 * layer_read_s / 512) / (per_token_s + 48 * layer_read_s / 8192)
     assert 1 < tok_s[8192] / tok_s[512] <= most * 1.01
+
+
+def test_strata_adaptive_swaps_hold_the_link_the_decode_pcie_share_reads_over(tmp_path):
+    # Strata's decode reads a share of its pinned misses over PCIe while the adaptive tier copies hot experts in on
+    # a side stream (strata-engine.md §3.1): both cross the one link, so a window's PCIe reads can wait behind a
+    # swap. The GPU is held from the read's issue to its end; the link carries it for its own time only.
+    def waits(adapt_every: int) -> tuple[float, float]:
+        path = scenario_file(tmp_path, f"swaps-{adapt_every}", variant="v0.1.35", requests=((200, 64),),
+                             flags={"resident-experts": None, "adapt-every": adapt_every})  # arena: all pinned
+        r, st = run_file(path)
+        busy = collections.Counter()
+        for server in r.links:
+            for start, end, _, _, kind in server.intervals():
+                busy[server.name.split(" ")[0], kind] += end - start
+        gpu, link = busy["GPU", "decode experts (PCIe share)"], busy["H2D", "decode experts (PCIe share)"]
+        swaps = busy["H2D", "adaptive swap"]
+        assert link > 0 and (st["adaptive_swaps"] > 0) == (adapt_every > 0)
+        return gpu - link, swaps
+
+    waited, swaps = waits(4)
+    assert 0 < waited <= swaps  # the reads waited, for no longer than the swaps held the link
+    assert waits(0) == (pytest.approx(0.0, abs=1e-12), 0.0)  # no swaps: each read has the link to itself

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sim.simulate import run_scenario
 from sim.results import write_results
-from sim.machine import Memory, PageCache, Server, SharedBandwidth, Ssd
+from sim.machine import Machine, Memory, PageCache, Server, SharedBandwidth, Ssd
 from sim.machine.storage import INACTIVE_SHARE_BY_OS
 from sim.hardware import load_hardware
 from sim.scenario import load_scenario
@@ -72,6 +72,153 @@ def test_drained_waits_for_queued_work_without_a_job():
 
     run(env, proc())
     assert seen == [3.0] and len(s.intervals()) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(lanes=st.integers(1, 4),
+       jobs=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=1, max_size=30))
+def test_server_starts_jobs_when_a_fifo_simpy_resource_would(lanes, jobs):
+    # The oracle: simpy.Resource with `lanes` units, requests granted first come, first served, on the same stream
+    # of arrivals (gaps and service times in whole seconds, so every sum is exact).
+    def starts(serve) -> list[float]:
+        env = simpy.Environment()
+        job = serve(env)
+        started = [0.0] * len(jobs)
+
+        def arrivals():
+            for i, (gap, seconds) in enumerate(jobs):
+                yield env.timeout(gap)
+                env.process(job(i, seconds, started))
+
+        run(env, arrivals())
+        return started
+
+    def resource(env):
+        units = simpy.Resource(env, capacity=lanes)
+
+        def job(i, seconds, started):
+            with units.request() as granted:
+                yield granted
+                started[i] = env.now
+                yield env.timeout(seconds)
+        return job
+
+    def server(env):
+        fifo = Server(env, "fifo", lanes=lanes)
+
+        def job(i, seconds, started):
+            done = fifo.hold(seconds)
+            started[i] = fifo.log[-1][0]
+            yield done
+        return job
+
+    assert starts(server) == starts(resource)
+
+
+def test_synchronize_waits_for_the_queue_then_pays_the_call():
+    env = simpy.Environment()
+    stream, thread = Server(env, "stream"), Server(env, "thread", host_thread=True)
+    seen = []
+
+    def proc():
+        stream.book(2.0)  # a kernel enqueued, not waited for
+        stream.book(1.0)
+        yield stream.synchronize(thread, 0.5)
+        seen.append(env.now)
+
+    run(env, proc())
+    assert seen == [3.5] and thread.intervals() == [(3.0, 3.5, 0, 1, "sync")]
+
+
+def test_a_copy_engine_prices_pinned_and_pageable_bytes_and_fixed_costs():
+    env = simpy.Environment()
+    link = Server(env, "h2d", bytes_per_s=100.0, op_latency_s=0.5, pageable_bytes_per_s=50.0)
+    assert link.cost_s(300, 2, pageable_bytes=100) == pytest.approx(2 * 0.5 + 200 / 100 + 100 / 50)
+    assert link.cost_s(300, 4, fixed_costs=1) == pytest.approx(0.5 + 3.0)  # copies queued back to back
+    assert link.cost_s(300, 4, fixed_costs=0) == pytest.approx(3.0)
+
+
+def machine(name: str = "rtx-4090") -> tuple[simpy.Environment, Machine]:
+    env = simpy.Environment()
+    return env, Machine(env, load_hardware(name), np.full(4, MIB, np.int64))
+
+
+def test_two_copies_on_one_link_slow_each_other():
+    # a refill issued first and a GPU read over PCIe right after it (a decode's PCIe share, say): the read
+    # ends later than it would alone by the refill's service time, since both cross the one link
+    def read_ends(with_refill: bool) -> float:
+        env, m = machine()
+        done = {}
+
+        def refill():
+            yield m.h2d.copy(64 * MIB, 32, "refill", pageable_bytes=16 * MIB)
+            done["refill"] = env.now
+
+        def share():
+            yield from m.host_read(8 * MIB, "PCIe share")
+            done["share"] = env.now
+
+        run(env, *([refill()] if with_refill else []), share())
+        if with_refill:
+            assert done["refill"] < done["share"]
+        return done["share"]
+
+    rates = load_hardware("rtx-4090").copy_rates()
+    refill_s = 32 * rates["latency_s"] + 48 * MIB / rates["h2d_pinned"] + 16 * MIB / rates["h2d_pageable"]
+    alone = read_ends(False)
+    assert alone == pytest.approx(8 * MIB / rates["h2d_pinned"])
+    assert read_ends(True) == pytest.approx(alone + refill_s)
+
+
+def test_two_cpu_copies_share_host_dram():
+    # enough threads that one copy alone is DRAM-bound: two at once each get half, so both take twice as long
+    env, m = machine()
+    dram = m.profile.host.dram_bandwidth_gbps.value * 1e9
+    threads = int(4 * dram / (m.profile.host.memcpy_gbps.value * 1e9)) + 1
+    pool = m.threads("copiers", 2)
+    done = []
+
+    def copier():
+        yield from m.memcpy(pool, GIB, threads)
+        done.append(env.now)
+
+    run(env, copier())
+    alone = 2 * GIB / dram  # a copy reads and writes each byte
+    assert done == [pytest.approx(alone)]
+    env, m = machine()
+    pool = m.threads("copiers", 2)
+    done = []
+    run(env, copier(), copier())
+    assert done == [pytest.approx(2 * alone)] * 2
+
+
+def test_a_dma_slows_a_cpu_expert_kernel_sharing_dram():
+    # a CPU pool's kernel that could take all of DRAM, and a pinned H2D copy that reserves its link rate of DRAM
+    # while it runs: the kernel gets what the copy leaves, then everything
+    env, m = machine()
+    dram = m.profile.host.dram_bandwidth_gbps.value * 1e9
+    threads = int(2 * dram / m.expert_kernel_bytes_per_s) + 1
+    pool = m.threads("pool")
+    n_bytes = 4 * GIB
+    done = {}
+
+    def kernel():
+        yield m.cpu_kernel(pool, n_bytes, threads)
+        done["kernel"] = env.now
+
+    def dma():
+        yield m.h2d.copy(GIB, 1)
+        done["dma"] = env.now
+
+    run(env, kernel())
+    assert done["kernel"] == pytest.approx(n_bytes / dram)
+    env, m = machine()
+    pool = m.threads("pool")
+    done = {}
+    run(env, kernel(), dma())
+    # the copy ends first; DRAM is full throughout, so the kernel ends when both jobs' bytes have crossed it
+    assert done["dma"] < done["kernel"] == pytest.approx((n_bytes + GIB) / dram)
+    assert pool.intervals()[0][:2] == (0.0, pytest.approx(done["kernel"]))
 
 
 # ------------------------------------------------------------------------------------------ the SSD

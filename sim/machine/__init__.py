@@ -11,6 +11,11 @@
     memory     who holds which bytes: device memory and host RAM, one pool on unified memory
     threads()  host threads an engine creates (its main thread, a loader, a pread pool, stager threads)
 
+The machine owns every rate: an engine asks it to move bytes (a copy, a read, a kernel streaming weights out of
+host DRAM) at the simulated time it issues the work and waits on the event it gets back, so two transfers on one
+link or one bandwidth slow each other. The few figures an engine adds up itself are compute: the GPU's time to
+read weights from VRAM (vram_read_s) and the engines' own per-token compute figures.
+
 Every server logs its busy intervals (links.parquet, the report's lanes). The machine knows nothing of the
 engines: they take what they need from it (docs/design.md has the picture).
 """
@@ -25,6 +30,10 @@ from sim.machine.storage import INACTIVE_SHARE_BY_OS, LRU_SHARE, PageCache, Ssd
 from sim.units import GIB, KIB
 
 __all__ = ["Machine", "Memory", "PageCache", "Server", "SharedBandwidth", "Ssd"]
+
+# A GPU kernel streaming weights out of VRAM reaches this share of the spec DRAM rate: llama.cpp's decode reaches
+# 80 % of the roofline on an RTX 5090 under Linux (ggml-org/llama.cpp#28196, hardware-and-gguf.md §1.2).
+VRAM_READ_EFFICIENCY = 0.80
 
 
 class Memory:
@@ -97,9 +106,11 @@ class Machine:
         traffic = 2.0 if self.unified else 1.0
         self.gpu = Server(env, "GPU compute stream")
         self.h2d = Server(env, f"H2D copy engine ({link})", bytes_per_s=rates["h2d_pinned"],
-                          op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic)
+                          op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic,
+                          pageable_bytes_per_s=rates["h2d_pageable"])
         self.d2h = Server(env, f"D2H copy engine ({link})", bytes_per_s=rates["d2h_pinned"],
-                          op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic)
+                          op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic,
+                          pageable_bytes_per_s=rates["d2h_pageable"])
         lat = profile.latency
         self.d2d = Server(env, "D2D copies", bytes_per_s=profile.d2d.copy_gbps.value * 1e9,
                           op_latency_s=lat.memcpy_call_us.value * 1e-6)
@@ -110,6 +121,8 @@ class Machine:
         self.page_cache = PageCache(extent_bytes, 0, INACTIVE_SHARE_BY_OS.get(profile.os, LRU_SHARE))
         self.memory = Memory(profile, self.page_cache)
         self.memcpy_bytes_per_s = profile.host.memcpy_gbps.value * 1e9
+        self.expert_kernel_bytes_per_s = profile.host.expert_kernel_gbps.value * 1e9  # one core's
+        self.vram_read_bytes_per_s = profile.gpu.dram_bandwidth_gbps.value * 1e9 * VRAM_READ_EFFICIENCY
         self.sync_s = lat.device_sync_us.value * 1e-6
         self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
         self.kernel_launch_s = lat.kernel_launch_us.value * 1e-6
@@ -125,9 +138,49 @@ class Machine:
         """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job
         of twice the bytes (read + write), each thread at most the profile's one-thread copy rate. A process:
         `yield from machine.memcpy(...)`; the thread server logs the copy."""
+        yield self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind)
+
+    def cpu_kernel(self, thread: Server, n_bytes: float, n_threads: int, kind: str = "CPU kernel") -> simpy.Event:
+        """`n_threads` cores running an expert kernel over n_bytes of weights in host RAM (a CPU expert pool): a
+        DRAM job of the bytes read, each core at most the profile's expert kernel rate, sharing DRAM with the
+        copies and DMA in flight. Issued now; the event fires when it is done, the thread server logs it."""
+        return self._dram_job(thread, n_bytes, n_bytes, n_threads * self.expert_kernel_bytes_per_s, kind)
+
+    def _dram_job(self, thread: Server, traffic: float, n_bytes: float, cap_bytes_per_s: float,
+                  kind: str) -> simpy.Event:
         start = self.env.now
-        yield self.dram.transfer(2 * n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind)
-        thread.record(start, self.env.now, n_bytes, 1, kind)
+        done = self.dram.transfer(traffic, cap_bytes_per_s, kind)
+        done.callbacks.append(lambda _e: thread.record(start, self.env.now, n_bytes, 1, kind))
+        return done
+
+    def vram_read_s(self, n_bytes):
+        """GPU time to stream n_bytes of weights out of VRAM (a number or an array of them): compute, not a
+        transfer, since nothing else queues for the GPU's memory while its stream runs the kernel."""
+        return n_bytes / self.vram_read_bytes_per_s
+
+    def host_read(self, n_bytes: float, kind: str = "host read over PCIe"):
+        """A kernel on the GPU stream reading n_bytes of (pinned or mapped) host memory in place, over the link:
+        it starts when the stream reaches it, its bytes cross the link as a job of the H2D copy engine's (no
+        copy call, so no fixed cost: it queues behind the copies issued before it and slows those after it),
+        and the stream is held until they are in. A process: `yield from machine.host_read(...)`."""
+        if not n_bytes:
+            return
+        if self.gpu.idle_at() > self.env.now:
+            yield self.gpu.drained()
+        start = self.env.now
+        yield self.h2d.copy(n_bytes, 0, kind)
+        self.gpu.record(start, self.env.now, 0, 0, kind)
+
+    def stream_d2d(self, n_bytes: float, n_copies: int, kind: str = "D2D memcpy", gather_kernel: bool = False) -> None:
+        """Device-to-device copies enqueued on the GPU's compute stream (the legacy default stream serialises
+        them with the kernels): a cudaMemcpy's call cost per copy, or one gather kernel's launch, plus the bytes
+        at the device's copy rate. Enqueued now; a sync on the stream waits for them."""
+        fixed = self.kernel_launch_s if gather_kernel else n_copies * self.memcpy_call_s
+        self.gpu.book(fixed + self.d2d.cost_s(n_bytes, 0), n_bytes, n_copies, kind)
+
+    def probe_h2d_gbps(self) -> float:
+        """What an engine's startup bandwidth probe of pinned host -> device copies measures, GB/s."""
+        return self.h2d.bytes_per_s / 1e9
 
     def alloc_seconds(self, n_bytes: int, release: bool) -> float:
         """cudaMalloc / cudaFree of n_bytes, host time (the profile's fixed + per-GiB fit)."""

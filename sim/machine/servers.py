@@ -9,8 +9,12 @@ Why not `simpy.Resource`: every job of these servers has a service time known wh
 for such jobs a FIFO resource is exactly "start = max(now, first free lane), end = start + service time".
 simpy.Resource needs three events per job (request, timeout, release) where this needs one (the end);
 the engines issue hundreds of thousands of jobs per run, so the saving is the difference between a seed
-scenario in under a second and one in several (docs/design.md). Work whose duration is *not* known when
-it starts (a read that shares an SSD with other reads) lives in sim/machine/storage.py instead.
+scenario in under a second and one in several (docs/design.md; tests/test_machine.py checks the start times
+against simpy.Resource's). A job never waits for another server's job by booking: a job booked to start at
+some later time would jump ahead of the jobs issued in between. The process waits for what the job needs,
+then issues it. The one wait a server books is `synchronize`: the calling thread, blocked from the call until
+this server's own queue (whose ends are all known) is done. Work whose duration is *not* known when it starts (a read that shares an SSD
+with other reads, a copy sharing DRAM) lives in SharedBandwidth below and sim/machine/storage.py instead.
 
 Each job is logged as one busy interval (start_s, end_s, bytes, ops, kind): links.parquet, the report's
 lanes and the Perfetto trace are drawn from these logs.
@@ -24,19 +28,21 @@ import simpy
 
 
 class Server:
-    """`lanes` identical units serving jobs first come, first served."""
+    """`lanes` identical units serving jobs first come, first served. A copy engine has a rate for pinned host
+    memory and one for pageable memory (the driver's staged copy), and a fixed cost per operation."""
 
-    __slots__ = ("env", "name", "free_at", "busy_s", "bytes_moved", "ops", "log", "bytes_per_s", "op_latency_s",
-                 "dram", "dram_traffic", "host_thread")
+    __slots__ = ("env", "name", "free_at", "busy_s", "bytes_moved", "ops", "log", "bytes_per_s",
+                 "pageable_bytes_per_s", "op_latency_s", "dram", "dram_traffic", "host_thread")
 
     def __init__(self, env: simpy.Environment, name: str, lanes: int = 1, bytes_per_s: float = 0.0,
                  op_latency_s: float = 0.0, dram: "SharedBandwidth | None" = None, dram_traffic: float = 1.0,
-                 host_thread: bool = False):
+                 host_thread: bool = False, pageable_bytes_per_s: float = 0.0):
         if lanes < 1:
             raise ValueError("a server needs at least one lane")
         self.env, self.name = env, name
         self.free_at = [0.0] * lanes
         self.bytes_per_s, self.op_latency_s = bytes_per_s, op_latency_s
+        self.pageable_bytes_per_s = pageable_bytes_per_s or bytes_per_s
         self.busy_s = 0.0
         self.bytes_moved = self.ops = 0
         self.log: list[tuple[float, float, int, int, str]] = []
@@ -49,24 +55,29 @@ class Server:
     def lanes(self) -> int:
         return len(self.free_at)
 
-    def cost_s(self, n_bytes: float, n_ops: int = 1) -> float:
-        """Service time of a copy job: a fixed cost per operation plus bytes over the server's rate."""
-        return n_ops * self.op_latency_s + (n_bytes / self.bytes_per_s if self.bytes_per_s else 0.0)
+    def cost_s(self, n_bytes: float, n_ops: int = 1, pageable_bytes: float = 0.0,
+               fixed_costs: int | None = None) -> float:
+        """Service time of a copy job on an idle server: a fixed cost per operation (`fixed_costs` of them when
+        the operations share some: copies queued back to back, or a call whose cost the caller's thread pays)
+        plus its pinned bytes over the server's rate and its pageable bytes over the pageable rate."""
+        fixed = (n_ops if fixed_costs is None else fixed_costs) * self.op_latency_s
+        if not self.bytes_per_s:
+            return fixed
+        return fixed + (n_bytes - pageable_bytes) / self.bytes_per_s + pageable_bytes / self.pageable_bytes_per_s
 
-    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy",
-             ready_s: float = 0.0) -> simpy.Event:
-        """A job of `seconds` issued now that cannot start before ready_s (its input, a job already booked on
-        another server, ends then); the event fires when it is done."""
-        return self.env.timeout(self.book(seconds, n_bytes, n_ops, kind, ready_s) - self.env.now)
+    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> simpy.Event:
+        """A job of `seconds` issued now; the event fires when it is done."""
+        return self.env.timeout(self.book(seconds, n_bytes, n_ops, kind) - self.env.now)
 
-    def book(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy",
-             ready_s: float = 0.0) -> float:
+    def book(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> float:
         """`hold` for a job nobody waits on by itself (a kernel enqueued on a stream that a later sync waits
-        for): the same booking, its end time instead of an event, so it costs the event loop nothing."""
+        for): the same job issued now, its end time instead of an event, so it costs the event loop nothing."""
+        return self._book(seconds, n_bytes, n_ops, kind, self.env.now)
+
+    def _book(self, seconds: float, n_bytes: float, n_ops: int, kind: str, not_before: float) -> float:
         free = self.free_at
         lane = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
-        now = self.env.now
-        start = max(free[lane], now, ready_s)
+        start = max(free[lane], not_before)
         end = start + seconds
         free[lane] = end
         self.busy_s += seconds
@@ -78,25 +89,31 @@ class Server:
         return end
 
     def record(self, start: float, end: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> None:
-        """A job whose end another resource decided (a copy sharing DRAM): logged, and the lane busy until it
-        ended. Only for servers one process uses at a time."""
+        """A job whose end another resource decided (a copy sharing DRAM, a kernel waiting on the link): logged,
+        and the lane busy until it ended. Only for servers one process uses at a time."""
         self.free_at[0] = max(self.free_at[0], end)
         self.busy_s += end - start
         self.bytes_moved += int(n_bytes)
         self.ops += n_ops
         self.log.append((start, end, int(n_bytes), n_ops, kind))
 
-    def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", ready_s: float = 0.0) -> simpy.Event:
-        """A copy job: `n_ops` operations moving `n_bytes` in all."""
-        return self.hold(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind, ready_s)
+    def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", pageable_bytes: float = 0.0,
+             fixed_costs: int | None = None) -> simpy.Event:
+        """A copy job issued now: `n_ops` operations moving `n_bytes` in all, `pageable_bytes` of them from
+        pageable memory (see cost_s)."""
+        return self.hold(self.cost_s(n_bytes, n_ops, pageable_bytes, fixed_costs), n_bytes, n_ops, kind)
 
-    def book_copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", ready_s: float = 0.0) -> float:
-        """`copy` booked without an event (see `book`): its end time."""
-        return self.book(self.cost_s(n_bytes, n_ops), n_bytes, n_ops, kind, ready_s)
+    def book_copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", pageable_bytes: float = 0.0,
+                  fixed_costs: int | None = None) -> float:
+        """`copy` without an event (see `book`): a copy on a stream nobody waits on, or one a sync waits for."""
+        return self.book(self.cost_s(n_bytes, n_ops, pageable_bytes, fixed_costs), n_bytes, n_ops, kind)
 
-    def end_of_last(self) -> float:
-        """When the job issued last ends (single-lane servers: the lane's free time)."""
-        return self.log[-1][1] if self.log else 0.0
+    def synchronize(self, thread: "Server", seconds: float, n_ops: int = 1, kind: str = "sync") -> simpy.Event:
+        """A host thread's synchronize on this stream or copy engine, called now: the thread waits until every
+        job issued here so far is done (their ends are known: each was issued with its service time), then
+        spends `seconds` of its own (the call's cost, or its next host call). The event fires at its end."""
+        return self.env.timeout(thread._book(seconds, 0, n_ops, kind, max(self.env.now, self.idle_at()))
+                                - self.env.now)
 
     def drained(self) -> simpy.Event:
         """An event at the end of every job issued so far (a stream synchronize), without a job of its own."""

@@ -53,13 +53,16 @@ class Decode:
 
 
 class CudaDecode(Decode):
-    """The module docstring's path, on the GPU's legacy default stream."""
+    """The module docstring's path, on the GPU's legacy default stream. Each thread waits for what its next call
+    needs (its encode, a sync, a copy) before it issues it; kernels enqueued on the stream run in order behind
+    what was enqueued before them."""
 
-    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float, ready_s: float):
+    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float):
         """begin_compact_load for one decode layer: ids back, lookup, misses, hand-over (see the module doc)."""
         run = self.run
         m, caches, loads = run.m, run.caches, run.loads
-        yield thread.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback", ready_s=ready_s)
+        # the thread's device sync (the stream is idle: the main thread has just synced) and the ids readback
+        yield thread.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback")
         yield from caches.grow_staging(thread, int(len(experts) * run.layers.expert_bytes[layer]))
         pool = yield from caches.prepare(thread, int(run.layers.class_of_layer[layer]))
         outcome, _, _ = caches.cache.access(layer, experts, pool, MODE_EVICT)
@@ -84,25 +87,28 @@ class CudaDecode(Decode):
         run = self.run
         m = run.m
         other_s, shared_s, routed_s = run.decode_s[layer]
-        encoded = run.main.book(run.encode_layer_s, 0, 1, "graph encode")
-        # the main thread's sync waits for it
-        m.gpu.book(other_s + run.decode_link_s[layer], 0, 0, "attention + router", ready_s=encoded)
-        # the sync is booked, not waited on by itself: what comes next starts at its end (ready_s), and the
-        # first wait is the ids readback after it
-        synced = run.main.book(m.sync_s, 0, 1, "device sync", ready_s=m.gpu.idle_at())
+        yield run.main.hold(run.encode_layer_s, 0, 1, "graph encode")  # the kernels exist once encoded
+        if run.weight_host_bytes[layer]:
+            yield from m.host_read(run.weight_host_bytes[layer], "non-routed weights over PCIe")
+        m.gpu.book(other_s, 0, 0, "attention + router")
+        # the selected readback's device sync: the main thread waits for the stream, then the sync's own cost
+        yield m.gpu.synchronize(run.main, m.sync_s, 1, "device sync")
         hits_first = run.knobs.hits_first
         if run.knobs.overlap:
             # the main thread enqueues the shared expert and joins the worker, which does the fetch meanwhile.
             # The worker is this process: the main thread has nothing else to do until the join, and its enqueue
             # lands on the stream before any of the worker's copies (FIFO on the stream either way).
-            m.gpu.book(shared_s, 0, 0, "shared expert", ready_s=synced)
-            yield from self._select_and_load(run.worker, layer, experts, row, routed_s, synced)
-            # the join waits for the worker's copies on the stream; with hits first the worker has also queued the
-            # routed kernels, which the join does not wait for (the next layer's kernels queue behind them)
-            yield run.main.hold(m.sync_s, 0, 1, "flush + join",
-                                ready_s=m.h2d.end_of_last() if hits_first else m.gpu.idle_at())
+            m.gpu.book(shared_s, 0, 0, "shared expert")
+            yield from self._select_and_load(run.worker, layer, experts, row, routed_s)
+            # flush_commands and the join: with hits first the worker has queued the routed kernels, which the join
+            # does not wait for (the next layer's kernels queue behind them), and its copies are done (it synced
+            # each); otherwise the device sync waits for the stream
+            if hits_first:
+                yield run.main.hold(m.sync_s, 0, 1, "flush + join")
+            else:
+                yield m.gpu.synchronize(run.main, m.sync_s, 1, "flush + join")
         else:  # the synchronous path: the main thread fetches, then enqueues the shared expert
-            yield from self._select_and_load(run.main, layer, experts, row, routed_s, synced)
+            yield from self._select_and_load(run.main, layer, experts, row, routed_s)
             m.gpu.book(shared_s, 0, 0, "shared expert")
         if not hits_first:
             m.gpu.book(routed_s, 0, 0, "routed experts")  # enqueued; the next layer's work queues behind it

@@ -57,17 +57,19 @@ class Loads:
         pr605 = self.variant.miss_copy == "pr605"
         if pr605 and self.knobs.buffered:
             drive = yield from self._map_in(layer, experts)
-            end = m.h2d.book(n_bytes / m.rates["h2d_pageable"], n_bytes, n_parts, "pageable H2D")
-            yield thread.hold(n_parts * m.memcpy_call_s, 0, n_parts, "cudaMemcpy (pageable)", ready_s=end)
+            # the driver's pageable copy; the call's fixed cost is the thread's cudaMemcpy, not the copy engine's
+            m.h2d.book_copy(n_bytes, n_parts, "pageable H2D", pageable_bytes=n_bytes, fixed_costs=0)
+            yield m.h2d.synchronize(thread, n_parts * m.memcpy_call_s, n_parts, "cudaMemcpy (pageable)")
             return drive
         drive = yield from self.read(thread, layer, experts)
         if pr605:  # 1c055bb: only the down parts' uploads are left after the reads
             m.h2d.book_copy(int(self.layers.part_bytes[layer, 2]) * len(experts), len(experts))
             n_syncs = len(experts)
         else:
-            m.h2d.book_copy(n_bytes, n_parts)  # the thread waits for the copy, then syncs the stream
+            m.h2d.book_copy(n_bytes, n_parts)
             n_syncs = n_parts
-        yield thread.hold(n_syncs * m.sync_s, 0, n_syncs, "stream sync", ready_s=m.h2d.end_of_last())
+        # the thread's stream syncs: its copy is the last one issued, so the copy engine's queue ends with it
+        yield m.h2d.synchronize(thread, n_syncs * m.sync_s, n_syncs, "stream sync")
         return drive
 
     def _map_in(self, layer: int, experts: np.ndarray):
@@ -104,7 +106,7 @@ class Loads:
             group = np.arange(first, min(first + per_chunk, self.layers.n_experts))
             drive += yield from self.read(thread, layer, group)
             self.m.h2d.book_copy(per_expert * len(group), 1)
-        yield thread.hold(self.m.sync_s, 0, 1, "stream sync", ready_s=self.m.h2d.end_of_last())
+        yield self.m.h2d.synchronize(thread, self.m.sync_s, 1, "stream sync")
         return drive
 
     def pool_load(self, layer: int, experts: np.ndarray):
@@ -123,17 +125,16 @@ class Loads:
         """Hand hits (and loaded experts) to the kernels (§1.5): 3 synchronous D2D cudaMemcpy each on the
         default stream (the thread waits; the copies queue behind the kernels); #605 one gather kernel; #1031
         nothing, the kernels read the slots. Then the thread's next call of then_s (the slot-map upload)."""
-        ready = 0.0
-        if n_experts and self.variant.hit_copy != "none":
-            n_bytes = n_experts * int(self.layers.expert_bytes[layer])
-            rate = self.m.d2d.bytes_per_s
-            if self.variant.hit_copy == "memcpy":
-                n = PARTS_PER_EXPERT * n_experts
-                self.m.gpu.book(n * self.m.memcpy_call_s + n_bytes / rate, n_bytes, n, "D2D memcpy")
-            else:
-                self.m.gpu.book(self.m.kernel_launch_s + n_bytes / rate, n_bytes, 1, "D2D gather kernel")
-            ready = self.m.gpu.end_of_last()
-        yield thread.hold(then_s, 0, 1 if then_s else 0, then_kind, ready_s=ready)
+        n_ops = 1 if then_s else 0
+        if not n_experts or self.variant.hit_copy == "none":
+            yield thread.hold(then_s, 0, n_ops, then_kind)
+            return
+        n_bytes = n_experts * int(self.layers.expert_bytes[layer])
+        if self.variant.hit_copy == "memcpy":
+            self.m.stream_d2d(n_bytes, PARTS_PER_EXPERT * n_experts, "D2D memcpy")
+        else:
+            self.m.stream_d2d(n_bytes, 1, "D2D gather kernel", gather_kernel=True)
+        yield self.m.gpu.synchronize(thread, then_s, n_ops, then_kind)
 
     def record(self, row: dict, layer: int, hits: int = 0, loaded: int = 0, direct: int = 0, handed: int = 0,
                drive_bytes: int = 0) -> None:

@@ -124,16 +124,16 @@ class MetalDecode(Decode):
         yield env.all_of([env.process(worker(thread)) for thread in run.loads.pool[:n_workers]])
         return drive
 
-    def _commit(self, ready_s: float) -> None:
+    def _commit(self) -> None:
         """[cb commit] of the open command buffer (ds4_gpu_flush_commands, ds4_metal.m L8221): the GPU gets the
-        kernels encoded since the last commit, in order, once the host has encoded them (ready_s)."""
+        kernels encoded since the last commit, in order (the host has encoded them by now)."""
         for seconds, label in self.gpu_unsent:
-            self.run.m.gpu.book(seconds, 0, 0, label, ready_s=ready_s)
+            self.run.m.gpu.book(seconds, 0, 0, label)
         self.gpu_unsent.clear()
 
     def end_of_token(self) -> None:
         """The last layer's routed experts go with the output head, committed at the token's end."""
-        self._commit(self.run.m.env.now)
+        self._commit()
 
     def layer(self, layer: int, experts: np.ndarray, row: dict):
         """One decode-path layer on Metal (ds4.c @b0309611 L23873-L23990). The GPU runs only what the host has
@@ -154,31 +154,30 @@ class MetalDecode(Decode):
         other_s, shared_s, routed_s = run.decode_s[layer]
         if layer == 0:
             self.cache.note_token()
-        encoded = run.main.book(run.encode_layer_s, 0, 1, "graph encode")
-        yield from self._fault_weights(layer)
+        encoded = run.main.hold(run.encode_layer_s, 0, 1, "graph encode")
+        yield from self._fault_weights(layer)  # while the main thread encodes
+        yield encoded  # what is committed from here on has been encoded
         self.gpu_unsent.append((other_s, "attention + router"))
         hashed = layer < METAL_HASH_LAYERS
         if hashed:  # the ids are the token's: looked up on the main thread once it has encoded the router
-            yield m.env.timeout(max(0.0, encoded - m.env.now))
             self.gpu_unsent.append((shared_s, "shared expert"))
         else:
-            self._commit(encoded)  # the early commit after the router's signal
-            signalled = m.gpu.idle_at()
+            self._commit()  # the early commit after the router's signal
+            signalled = m.gpu.drained()  # the router's signal: the end of what the stream holds now
             self.gpu_unsent.append((shared_s, "shared expert"))
-            self._commit(encoded)  # flushed before the join
-            yield run.worker.hold(self.round_trip_s, SELECTED_IDS_BYTES, 1, "selected-id round trip",
-                                  ready_s=signalled)
+            self._commit()  # flushed before the join
+            yield signalled
+            # the worker's wake-up and the ids; the main thread joins it once it has started the preads
+            yield run.worker.hold(self.round_trip_s, SELECTED_IDS_BYTES, 1, "selected-id round trip")
         split_ready = self.cache.split_ready()
         lookup = self.cache.access(layer, experts)
         self._set_cache_memory(self.cache.count)
         reads = m.env.process(self._read(layer, lookup.loads))
-        if not hashed:  # the main thread joins the worker
-            yield m.env.timeout(max(0.0, run.worker.end_of_last() - m.env.now))
         k, hits = len(experts), lookup.hits
         split = split_ready and hits >= 1 and lookup.misses >= SPLIT_MIN_MISSES
         if split:  # the hits' experts committed before the preads are waited for
             self.gpu_unsent.append((routed_s * hits / k, "routed experts (hits)"))
-            self._commit(m.env.now)
+            self._commit()
         drive = yield reads
         self.gpu_unsent.append((routed_s * (k - hits) / k if split else routed_s,
                                 "routed experts (misses)" if split else "routed experts"))

@@ -58,8 +58,9 @@ class Prefill:
         m, caches, loads, main = run.m, run.caches, run.loads, run.main
         T = len(rows)
         other_s, shared_s, routed_s = run.prefill_s[layer] * T
-        yield m.gpu.hold(other_s + run.prefill_chunk_fixed_s + run.weight_link_s[layer], 0, 0,
-                         "attention + router (chunk)")
+        if run.weight_host_bytes[layer]:  # the chunk's kernels read the layer's weights past VRAM once
+            yield from m.host_read(run.weight_host_bytes[layer], "non-routed weights over PCIe")
+        yield m.gpu.hold(other_s + run.prefill_chunk_fixed_s, 0, 0, "attention + router (chunk)")
         yield main.hold(m.sync_s + m.memcpy_call_s, T * SELECTED_IDS_BYTES, 1, "ids readback")
         union = np.unique(rows[:, layer])
         union = union[union != MISSING]

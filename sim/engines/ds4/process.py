@@ -52,7 +52,7 @@ class Ds4Process:
             machine.memory.set(*allocation)
         self.notices: list[str] = list(plan.notices)
         self.budget_experts = plan.budget_experts
-        self._timing_figures(scenario, machine, domain)
+        self._timing_figures(scenario, domain)
         self.main = machine.threads("ds4 main thread")
         self.worker = machine.threads("ds4 selected-load worker")
         pool = [machine.threads(f"ds4 pread worker {i}") for i in range(knobs.pool_workers)] \
@@ -68,7 +68,7 @@ class Ds4Process:
             if scenario.workload.page_cache == "warm":  # the file was read before: the page cache holds what fits
                 machine.page_cache.warm(np.arange(self.layers.n_routed * self.layers.n_experts))
 
-    def _timing_figures(self, scenario, machine, domain) -> None:
+    def _timing_figures(self, scenario, domain) -> None:
         """Compute per layer: the profile's per-token figures split by the bytes each part reads."""
         compute, n_routed = scenario.compute, self.layers.n_routed
         if compute.decode_us_per_token_layer is None:
@@ -79,11 +79,13 @@ class Ds4Process:
         self.work = work
         share = work / work[:n_routed].sum() * n_routed  # mean layer = 1
         self.decode_s = compute.decode_us_per_token_layer.value * 1e-6 * share  # [layer, (other, shared, routed)]
-        # non-routed weights past VRAM: their kernels read them over PCIe, the link's time in place of DRAM's
+        # non-routed weights past VRAM: a layer's kernels read their share of them over PCIe at every pass (the
+        # machine's host_read, before the layer's attention), and in decode, whose figures are a roofline of the
+        # bytes read, those bytes no longer take VRAM time
         resident = self.memory.resident
         over = self.memory.weight_pcie_bytes / resident.non_routed if resident.non_routed else 0.0
-        self.weight_link_s = over * work[:, :2].sum(axis=1) / machine.h2d.bytes_per_s  # per layer, per pass
-        self.decode_link_s = np.maximum(self.weight_link_s - over * self.decode_s[:, :2].sum(axis=1), 0.0)
+        self.weight_host_bytes = over * work[:, :2].sum(axis=1)  # per layer, per pass
+        self.decode_s[:, :2] *= 1.0 - over
         # The main thread encodes each decode layer's graph before the GPU can run it: CPU time per token,
         # measured on a GB10 (record ds4-graph-encode-773), serial with the layer's kernels.
         encode = domain.use("ds4-graph-encode-773", "ds4's graph encode per decode token")

@@ -5,7 +5,9 @@ the 48 layers, and the window emits the accepted drafts + 1. Per layer the GPU r
 plans each distinct routed expert: a VRAM hit, a PCIe read by the GPU (a share of the misses whose blob is in pinned
 RAM), or the CPU expert pool; the GPU's hits and PCIe share run while the pool computes its misses, and the next
 layer waits for both (expert_pool_dispatch_multi). Every adapt-every rounds the adaptive tier swaps hot pairs in on
-a side stream.
+a side stream. The PCIe share crosses the link as a job of the H2D copy engine's (machine.host_read), so it waits
+for the swaps issued before it, and the pool's kernels share host DRAM with the DMA in flight
+(machine.cpu_kernel).
 """
 
 from __future__ import annotations
@@ -81,14 +83,13 @@ class Decode:
         self.dense_layer_bytes = (weights.dense_bytes - weights.head_bytes) / run.n_layers
         self.layer_latency_s = domain.use("strata-decode-layer-latency",
                                           "Strata's GPU time per decode layer beyond its weights").value * 1e-6
-        # the pool: a worker per physical core but the host's, and the host thread joining each drain
+        # the pool: a worker per physical core but the host's, and the host thread joining each drain; its expert
+        # kernels share host DRAM with the copies in flight (machine.cpu_kernel)
         self.pool_threads = int(host.physical_cores.value)
-        self.pool_bytes_per_s = min(self.pool_threads * host.expert_kernel_gbps.value,
-                                    host.dram_bandwidth_gbps.value) * 1e9
         self.pool = run.m.threads(f"strata expert pool ({self.pool_threads} threads)")
         flags = run.flags
         canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
-        self.pcie_frac = pcie_frac(run.h2d_pinned / 1e9, canonical_q2_0) if flags.pcie_frac is None \
+        self.pcie_frac = pcie_frac(run.m.probe_h2d_gbps(), canonical_q2_0) if flags.pcie_frac is None \
             else flags.pcie_frac
         self.qsa_layer = (np.arange(run.n_layers) + 1) % QSA_EVERY == 0
         drafts = run.scenario.engine.drafts
@@ -96,8 +97,7 @@ class Decode:
         self.window_tokens = min(drafts.window_tokens, widest)
         self.tokens_per_window = min(drafts.tokens_per_window, self.window_tokens)
         # one draft step: the draft layer's dense weights and its top-k Q2_0 experts (all in VRAM), one layer's latency
-        self.draft_step_s = ((MTP_DRAFT_DENSE_BYTES + run.top_k * Q2_0_BLOB_BYTES) * run.weight_read_s_per_byte
-                             + self.layer_latency_s)
+        self.draft_step_s = run.m.vram_read_s(MTP_DRAFT_DENSE_BYTES + run.top_k * Q2_0_BLOB_BYTES) + self.layer_latency_s
         self.usage = np.zeros(run.n_layers * run.n_experts, dtype=np.float64)
         self.rounds = 0
         self.swaps = 0
@@ -105,11 +105,12 @@ class Decode:
 
     def _window(self, request: int, step_no: int, rows: np.ndarray, emitted: int, context_tokens: int):
         """One verify window of len(rows) tokens emitting `emitted` of them, layer by layer: the GPU's dense chain
-        (the layer's weights at 80 % of the DRAM rate + its fixed latency; on QSA layers the indexer's scan of every
-        cell's pooled key and the K/V blocks streamed from host RAM), then the layer's distinct routed experts: VRAM
-        hits and the PCIe share on the GPU while the CPU pool computes the other misses; the next layer waits for
-        both. Then the head, the draft steps and the commit. Booked without events: each layer's work waits only
-        on the layer before it, so the chain's end is known when it is issued."""
+        (the layer's weights read from VRAM + its fixed latency; on QSA layers the indexer's scan of every cell's
+        pooled key, and the K/V blocks outside the VRAM window read from host RAM over PCIe first), then the
+        layer's distinct routed experts: once the router is done the host starts the CPU pool on its misses and
+        the GPU reads the PCIe share over the link, then runs the VRAM hits and that share; the next layer waits
+        for both. A layer with no miss off the GPU needs no wait: its kernels and the next layer's queue on the
+        stream. Then the head, the draft steps and the commit."""
         run = self.run
         place = self.run.place
         m = run.m
@@ -127,6 +128,7 @@ class Decode:
         n_pcie = pcie_share(n_miss, n_pinned_miss, self.pcie_frac)
         blob = run.layer_blob.astype(np.float64)
         cpu_bytes = (n_miss - n_pcie) * blob
+        pcie_bytes = n_pcie * blob
         start = m.env.now
         # the pool's misses whose blob is in no RAM tier are read from the mapped files first (page faults)
         file_miss = miss[place.home[miss] == FILE]
@@ -136,25 +138,36 @@ class Decode:
             if drive:
                 yield m.ssd.read(drive, m.ssd.fault_reads(drive), min(self.pool_threads, len(missed)))
         T = len(rows)
-        pre = np.full(L, self.layer_latency_s + self.dense_layer_bytes * run.weight_read_s_per_byte)
-        pre[self.qsa_layer] += T * context_tokens * QSA_POOLED_KEY_BYTES_PER_CELL * run.weight_read_s_per_byte
+        dense_s = np.full(L, self.layer_latency_s + m.vram_read_s(self.dense_layer_bytes))
+        dense_s[self.qsa_layer] += m.vram_read_s(T * context_tokens * QSA_POOLED_KEY_BYTES_PER_CELL)
+        kv_host_bytes = 0.0
         if run.kv_cells is not None and context_tokens > run.kv_cells:  # selected blocks outside the VRAM window
-            outside = QSA_ATTENDED_CELLS * (context_tokens - run.kv_cells) / context_tokens
-            pre[self.qsa_layer] += outside * KV_BYTES_PER_CELL_LAYER[run.flags.kv] / run.h2d_pinned
-        gpu_exp = (n_hit + n_pcie) * blob * run.weight_read_s_per_byte + n_pcie * blob / run.h2d_pinned
-        cpu = cpu_bytes / self.pool_bytes_per_s
-        ready = m.env.now
+            kv_host_bytes = QSA_ATTENDED_CELLS * (context_tokens - run.kv_cells) / context_tokens \
+                * KV_BYTES_PER_CELL_LAYER[run.flags.kv]
+        expert_s = m.vram_read_s((n_hit + n_pcie) * blob)
+        off_gpu = (cpu_bytes > 0) | (pcie_bytes > 0)
+        gpu, env = m.gpu, m.env
         for layer in range(L):
-            ready = m.gpu.book(pre[layer], self.dense_layer_bytes, 1, "decode dense chain", ready)
-            gpu_end = m.gpu.book(gpu_exp[layer], (n_hit[layer] + n_pcie[layer]) * blob[layer], 1,
-                                 "decode experts (VRAM hits, PCIe share)", ready)
-            if cpu[layer] > 0:
-                gpu_end = max(gpu_end, self.pool.book(cpu[layer], cpu_bytes[layer], 1, "decode misses (CPU pool)",
-                                                      ready))
-            ready = gpu_end
-        extras = (self.head_bytes * run.weight_read_s_per_byte + (T - 1) * self.draft_step_s + DECODE_COMMIT_S)
-        end = m.gpu.book(extras, self.head_bytes, 1, "head, draft, commit", ready)
-        yield m.env.timeout(end - m.env.now)
+            if kv_host_bytes and self.qsa_layer[layer]:
+                yield from m.host_read(kv_host_bytes, "decode K/V blocks from host")
+            gpu.book(dense_s[layer], self.dense_layer_bytes, 1, "decode dense chain")
+            if not off_gpu[layer]:
+                gpu.book(expert_s[layer], n_hit[layer] * blob[layer], 1, "decode experts (VRAM hits, PCIe share)")
+                continue
+            yield gpu.drained()  # the router's choice: the host plans the layer's experts
+            pool = m.cpu_kernel(self.pool, cpu_bytes[layer], self.pool_threads, "decode misses (CPU pool)") \
+                if cpu_bytes[layer] else None
+            if pcie_bytes[layer]:
+                yield from m.host_read(pcie_bytes[layer], "decode experts (PCIe share)")
+            gpu.book(expert_s[layer], (n_hit[layer] + n_pcie[layer]) * blob[layer], 1,
+                     "decode experts (VRAM hits, PCIe share)")
+            if pool is not None:
+                yield pool
+            if gpu.idle_at() > env.now:
+                yield gpu.drained()
+        gpu.book(m.vram_read_s(self.head_bytes) + (T - 1) * self.draft_step_s + DECODE_COMMIT_S, self.head_bytes, 1,
+                 "head, draft, commit")
+        yield gpu.drained()
         np.add.at(self.usage, pairs, 1.0)
         self.rounds += 1
         inserts = d2h = h2d = file_reads = 0
@@ -233,13 +246,12 @@ class Decode:
         place.home[victim[exchange]] = homes_in[exchange]
         place.home[cand[exchange]] = FILE
         h2d = int(blobs.sum())
-        pinned = int(blobs[homes_in == RAM_PINNED].sum())
-        seconds = len(cand) * run.copy_lat_s + pinned / run.h2d_pinned + (h2d - pinned) / run.h2d_pageable
-        run.m.h2d.book(seconds, h2d, len(cand), "adaptive swap")  # a side stream: nobody waits for it
+        pageable = h2d - int(blobs[homes_in == RAM_PINNED].sum())
+        # a side stream: nobody waits for the copies, which hold the link against the next windows' PCIe reads
+        run.m.h2d.book_copy(h2d, len(cand), "adaptive swap", pageable_bytes=pageable)
         d2h = 0
         if exchange.any():
             d2h = int(run.pair_blob[victim[exchange]].sum())
-            run.m.d2h.book(int(exchange.sum()) * run.copy_lat_s + d2h / run.d2h_pageable, d2h, int(exchange.sum()),
-                           "adaptive swap")
+            run.m.d2h.book_copy(d2h, int(exchange.sum()), "adaptive swap", pageable_bytes=d2h)
         self.swaps += len(cand)
         return len(cand), h2d, d2h, int((homes_in == FILE).sum())

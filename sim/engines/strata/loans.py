@@ -88,9 +88,7 @@ class Loans:
             drive = int(run.pair_blob[file_pairs[missed]].sum())
             if drive:  # the refill thread's page faults, one after another
                 yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1)
-        pageable = b[RAM_PAGEABLE] + b[FILE]
-        seconds = (len(pairs) * run.copy_lat_s + b[RAM_PINNED] / run.h2d_pinned + pageable / run.h2d_pageable)
-        yield m.h2d.hold(seconds, int(blobs.sum()), len(pairs), "refill")
+        yield m.h2d.copy(int(blobs.sum()), len(pairs), "refill", pageable_bytes=b[RAM_PAGEABLE] + b[FILE])
         yield run.main.hold(m.sync_s + m.memcpy_call_s, 0, 1, "refill sync")
         place.on_gpu[pairs] = True
         place.loan_first = None

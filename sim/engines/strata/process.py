@@ -33,10 +33,6 @@ from sim.engines.strata.settings import Knobs
 from sim.engines.strata.startup import Placement
 from sim.units import GIB, MIB
 
-# A prompt chunk's layer reads each routed expert's weights from VRAM once, however many of its tokens use it.
-WEIGHT_READ_EFFICIENCY = 0.80  # of the spec DRAM rate: llama.cpp's decode reaches 80 % of the roofline on a 5090
-#                                under Linux (ggml-org/llama.cpp#28196, hw §1.2)
-
 
 class StrataProcess:
     """One Strata process serving a scenario's requests in order (see the module docstring)."""
@@ -55,13 +51,9 @@ class StrataProcess:
         self.layer_offsets = (np.arange(self.n_layers, dtype=np.int32) * self.n_experts)[None, :, None]
         self.max_context = self.flags.max_context
         self.kv_cells = self.flags.kv_resident_cells
-        rates = machine.rates
-        self.copy_lat_s = rates["latency_s"]
-        self.h2d_pinned, self.h2d_pageable = rates["h2d_pinned"], rates["h2d_pageable"]
-        self.d2h_pageable = rates["d2h_pageable"]
-        # compute: the profile's figures (calibration records where they were fitted)
+        # compute: the profile's figures (calibration records where they were fitted); weights read from VRAM are
+        # priced by the machine (vram_read_s)
         compute = scenario.compute
-        self.weight_read_s_per_byte = 1.0 / (hw.gpu.dram_bandwidth_gbps.value * 1e9 * WEIGHT_READ_EFFICIENCY)
         self.decode = Decode(self, domain)
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_layer_s = 0.0 if fixed is None else fixed.value * 1e-6
@@ -194,7 +186,7 @@ class StrataProcess:
                 "evictions": stats["evictions"], "park_skips": list(stats["park_skips"]),
                 "restores": list(stats["restores"]),
                 "parked": [{"conversation": e.name, "tokens": e.tokens, "mib": e.bytes / MIB} for e in sessions.parked],
-                f"restore_ms_{RESTORE_CHECK_TOKENS}_tokens": sessions.session_seconds(RESTORE_CHECK_TOKENS) * 1e3,
+                f"restore_ms_{RESTORE_CHECK_TOKENS}_tokens": sessions.restore_seconds(RESTORE_CHECK_TOKENS) * 1e3,
             },
             "requests": list(self.request_log),
             "memory": self.m.memory.allocations(),

@@ -140,7 +140,7 @@ class PromptStream:
         routed_bytes = (run.pair_blob * routed).reshape(run.n_layers, run.n_experts).sum(axis=1)
         attention_s = T * run.prefill_token_layer_s * ATTENTION_HALF_SHARE
         moe_half_s = (T * run.prefill_token_layer_s * (1 - ATTENTION_HALF_SHARE) + run.prefill_chunk_layer_s
-                      + routed_bytes * run.weight_read_s_per_byte)
+                      + run.m.vram_read_s(routed_bytes))
         lent = place.slots - place.loan_first if place.loan_first is not None else 0
         plans = []
         for layer in range(run.n_layers):
@@ -202,7 +202,7 @@ class PromptStream:
                     yield room
                 # the group's copies are queued back to back on the copy stream: one fixed cost per group
                 n_bytes = len(ids) * blob
-                done = m.h2d.hold(m.h2d.cost_s(n_bytes, 1), n_bytes, len(ids), "prompt stream")
+                done = m.h2d.copy(n_bytes, len(ids), "prompt stream", fixed_costs=1)
                 if n_stage:  # the buffers pass to the copy, which frees them blob by blob for the next group
                     self.pinned.put(n_stage)
                 done.callbacks.append(compute.arrived)

@@ -36,12 +36,18 @@ class Sessions:
     def _parked_bytes(self) -> int:
         return sum(e.bytes for e in self.parked)
 
-    def session_seconds(self, tokens: int, restore: bool = True) -> float:
-        """Restore (host -> device) or capture (device -> host) of a session of `tokens` tokens: one running
-        state + the K/V, copied tensor by tensor from pageable host memory, then one sync."""
+    def restore_seconds(self, tokens: int) -> float:
+        """A restore of a session of `tokens` tokens on an idle link: one running state + the K/V, copied tensor by
+        tensor from pageable host memory, then one sync (the copy engine prices the copies)."""
+        m = self.run.m
+        n_bytes = session_bytes(tokens)
+        return m.h2d.cost_s(n_bytes, SESSION_COPIES, pageable_bytes=n_bytes) + m.sync_s
+
+    def _copy_and_sync(self, link, n_bytes: int, n_copies: int, kind: str):
+        """Copies of a session's tensors from or to pageable host memory, then the main thread's sync."""
         run = self.run
-        rate = run.h2d_pageable if restore else run.d2h_pageable
-        return session_bytes(tokens) / rate + SESSION_COPIES * run.copy_lat_s + run.m.sync_s
+        yield link.copy(n_bytes, n_copies, kind, pageable_bytes=n_bytes)
+        yield run.main.hold(run.m.sync_s, 0, 1, f"{kind} sync")
 
     def checkpoint(self, request: int, step_no: int):
         """An in-session checkpoint: the running state copied device -> host; the compute stream waits."""
@@ -49,7 +55,7 @@ class Sessions:
         m = run.m
         yield m.gpu.drained()
         start = m.env.now
-        yield m.d2h.hold(RUNNING_STATE_BYTES / run.d2h_pageable + m.sync_s, RUNNING_STATE_BYTES, 1, "checkpoint")
+        yield from self._copy_and_sync(m.d2h, RUNNING_STATE_BYTES, 1, "checkpoint")
         self.checkpoints += 1
         sid = run.rec.step(request=request, phase="prefill", step=step_no, layer=-1, start_s=start, end_s=m.env.now,
                            d2h_bytes=RUNNING_STATE_BYTES, vram_used_bytes=m.memory.used("vram"),
@@ -80,7 +86,7 @@ class Sessions:
         m = run.m
         yield m.gpu.drained()
         start = m.env.now
-        yield m.d2h.hold(self.session_seconds(live["tokens"], restore=False), entry.bytes, SESSION_COPIES, "park")
+        yield from self._copy_and_sync(m.d2h, entry.bytes, SESSION_COPIES, "park")
         self.parked = result.entries
         m.memory.set("ram", "parked conversations", self._parked_bytes())
         self.stats["parks"] += 1
@@ -95,7 +101,7 @@ class Sessions:
         yield m.gpu.drained()
         start = m.env.now
         nbytes = session_bytes(tokens)
-        yield m.h2d.hold(self.session_seconds(tokens, restore=True), nbytes, SESSION_COPIES, "restore")
+        yield from self._copy_and_sync(m.h2d, nbytes, SESSION_COPIES, "restore")
         self.stats["restores"].append({"request": request, "conversation": entry.name, "tokens": tokens,
                                        "ms": (m.env.now - start) * 1e3})
         sid = run.rec.step(request=request, phase="prefill", step=-1, layer=-1, start_s=start, end_s=m.env.now,
