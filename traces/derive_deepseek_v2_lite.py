@@ -19,6 +19,8 @@ Figures (all pooled over prompts unless per layer):
                    prompt (d = 1 .. 64); the §6 figures 26.2 / 36.5 / 49.5 / 64.7 / 78.7 / 87.3 / 90.7 %
   adjacent_reuse   the same for d = 1 counted over token pairs (0.265), and per layer
   popularity       per-layer stretched-exponential fit of the selection shares (traces/derive_generator_presets.py)
+  coactivation     within-layer pair lift as trace_stats measures it (share of pairs with lift >= 1.5, p99 of
+                   those pairs' lift, the largest lift)
   union            mean distinct experts per layer in full chunks of 32 and 64 tokens of a prompt
   prompt_tokens    prompt lengths at the 32 quantiles (i + 0.5) / 32 of the 1,999 prompts
   lru              per-layer LRU (cold once, prompts one after another) and one shared LRU over all 1,664
@@ -26,7 +28,8 @@ Figures (all pooled over prompts unless per layer):
   hash_layer_reuse what a token-id-hashed layer (DeepSeek V4 blocks 0-2: 6 of 256 experts fixed per token id)
                    would show on this text: each distinct token string gets 6 experts from a fixed seeded draw,
                    then reuse within d is measured as above. It is the target of the generator's token stream.
-  text_tokens      the text's own token repetition within d and its rank-frequency law, fitted as
+  text_tokens      the text's own token repetition within d, its distinct tokens in the first n tokens of a
+                   prompt, and its rank-frequency law, fitted as
                    f(r) ~ (r + offset)^-exponent over ranks 1..2000 (least squares on log frequency)
 """
 
@@ -53,7 +56,7 @@ from derive_generator_presets import layer_block  # noqa: E402 - the same fit as
 
 from sim.trace.format import PHASE_PREFILL, Trace, TraceHeader  # noqa: E402
 from sim.trace.locality import LruProtocol, lru_hit_rates, reuse_within  # noqa: E402
-from sim.trace.stats import prefill_union_by_layer, reuse_by_layer  # noqa: E402
+from sim.trace.stats import _heat_kernel, coactivation_stats, prefill_union_by_layer, reuse_by_layer  # noqa: E402
 
 OUT = ROOT / "sim" / "trace" / "generator_deepseek_v2_lite.json"
 SOURCE = dict(repository="ngavhane/moe-beyond", commit="4dca2eacb7bc0a3086770a4de7a57cc0b81479bd",
@@ -117,6 +120,10 @@ def r(values, digits=4) -> list[float]:
     return [round(float(x), digits) for x in values]
 
 
+def _heat(trace: Trace):
+    return _heat_kernel(trace.experts, trace.header.n_experts)
+
+
 def hashed_layer(tokens: list[list[str]]) -> list[np.ndarray]:
     """A token-id-hashed layer on this text: 6 distinct experts of 256 per distinct token string (seeded)."""
     table: dict[str, np.ndarray] = {}
@@ -149,7 +156,11 @@ def token_figures(tokens: list[list[str]]) -> dict:
         err = float(((np.polyval(a, np.log(ranks + offset)) - logf) ** 2).mean())
         if best is None or err < best[0]:
             best = (err, -float(a[0]), float(offset))
+    spans = (8, 16, 32, 64, 128, 256, 512)
+    distinct_first = [float(np.mean([len(set(p[:n])) for p in tokens if len(p) >= n])) for n in spans]
     return dict(repeat_within=dict(distances=list(DISTANCES), share=r([(gaps <= d).mean() for d in DISTANCES])),
+                distinct_in_first=dict(tokens=list(spans), distinct=r(distinct_first, 2),
+                                       how="mean distinct token strings in the first n tokens of prompts >= n long"),
                 distinct=int(freq.size), top_share=r(freq[:5] / freq.sum()),
                 rank_frequency=dict(law="f(r) ~ (r + offset)^-exponent, ranks 1..2000", exponent=round(best[1], 3),
                                     offset=round(best[2], 2), rms_log_error=round(best[0] ** 0.5, 3)))
@@ -186,6 +197,9 @@ def derive(git_dir: str) -> dict:
         shared=dict(protocol="one pool over all (layer, expert) pairs, cold once, prompts one after another",
                     fractions=list(SHARED_FRACTIONS), capacities=shared,
                     hit=r(lru_hit_rates(trace, shared, LruProtocol(pool="shared"))["hit_rate"])))
+    within = coactivation_stats(trace.experts, *_heat(trace), N_EXPERTS, TOP_K)["within_layer"]
+    out["coactivation"] = {key: round(float(within[key]), 4) for key in
+                           ("share_lift_ge_1_5", "kept_pairs_p99_median", "lift_max", "layer_share_lift_ge_1_5_median")}
     hashed = as_trace(hashed_layer(tokens), HASH_EXPERTS)
     out["hash_layer_reuse"] = dict(distances=list(DISTANCES), share=r(reuse_within(hashed, DISTANCES)["share"]),
                                    how="6 of 256 experts per distinct token string (seeded draw), reuse within d")

@@ -148,6 +148,7 @@ def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
     if union_t is None or not model.local.any():
         correct()
         _calibrate_rho(model, reuse_t, 6, seed)
+        _calibrate_temper(model, seed + 5000)
         return
     chunk, target = union_t
     n_req = max(4, min(16, 4096 // chunk))
@@ -188,3 +189,41 @@ def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
     _set_size(model, size)
     correct()
     _calibrate_rho(model, reuse_t, 6, seed + 3000)
+    _calibrate_temper(model, seed + 5000)
+
+
+def _hot_share(model: _Model, heat: np.ndarray) -> np.ndarray:
+    """[L] share of a layer's selections taken by its hottest quarter of experts (ranked by q_target)."""
+    e = model.geo.n_experts
+    top = np.argsort(-model.q_target, axis=1)[:, : max(1, e // 4)]
+    return np.take_along_axis(heat, top, 1).sum(1) / np.maximum(heat.sum(1), 1)
+
+
+def _calibrate_temper(model: _Model, seed: int, rounds: int = 5) -> None:
+    """Per layer, the power tau of the base weights (w^tau) whose pilot runs give the hottest quarter of experts its
+    long-run share of q_target. The reuse mechanisms copy earlier picks, and a pick that finds its expert taken
+    falls to a fresh draw, so the analytic marginal correction (which sees fresh draws only) leaves the skew a
+    little off; tau puts it back. Secant steps on the log of the share error, all layers from one pilot."""
+    fix = ~model.is_hash
+    want = _hot_share(model, model.q_target)
+    tau = np.ones(model.geo.n_layers)
+    n_req, steps = 8, 1024
+    prev = None
+    for i in range(rounds):
+        model.temper = tau.copy()
+        ex = model.run(seed, n_req, steps // 2, steps - steps // 2)
+        heat = np.zeros((model.geo.n_layers, model.geo.n_experts))
+        for layer in range(model.geo.n_layers):
+            heat[layer] = np.bincount(ex[:, layer].ravel().astype(np.int64), minlength=model.geo.n_experts)
+        got = _hot_share(model, heat)
+        err = np.log(want / np.maximum(got, 1e-9))
+        if prev is None:
+            step = 2.0 * err  # a first guess of d(log share)/d(tau) ~ 0.5
+        else:
+            slope = (np.log(np.maximum(got, 1e-9)) - prev[1]) / np.where(np.abs(tau - prev[0]) > 1e-6, tau - prev[0],
+                                                                          np.nan)
+            slope = np.where(np.isfinite(slope) & (slope > 0.05), slope, 0.5)
+            step = err / slope
+        prev = (tau.copy(), np.log(np.maximum(got, 1e-9)))
+        tau = np.where(fix, np.clip(tau + np.clip(step, -0.3, 0.3), 0.5, 2.0), 1.0)
+    model.temper = np.round(tau, 4)

@@ -71,6 +71,35 @@ def _pick(x, n, sel, srt, stamp, mark):
     return n + 1
 
 
+@nb.njit(inline="always")
+def _mate(a, layer, c, group_of, members, gstart, stamp, mark, mate_weight, st):
+    """A group mate of expert a not yet picked, by its current weight (so the working set and the token's context
+    still apply); -1 when none has weight."""
+    g = group_of[layer, a]
+    s0 = gstart[layer, g]
+    size = gstart[layer, g + 1] - s0
+    if size <= 1:
+        return -1
+    tot = 0.0
+    for i in range(size):
+        y = members[layer, s0 + i]
+        mate_weight[i] = -1.0 if stamp[y] == mark else c[y] - (c[y - 1] if y > 0 else 0.0)
+        if mate_weight[i] >= 0.0:
+            tot += mate_weight[i]
+    if tot <= 0.0:
+        return -1
+    pick = _rand(st) * tot
+    x = -1
+    for i in range(size):
+        if mate_weight[i] < 0.0:
+            continue
+        x = members[layer, s0 + i]
+        pick -= mate_weight[i]
+        if pick <= 0.0:
+            break
+    return x
+
+
 @nb.njit(cache=True)
 def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer):
     e_n = w.shape[1]
@@ -190,9 +219,9 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                                 n = _pick(y, n, sel, srt, stamp, mark)
                                 removed += c[y] - (c[y - 1] if y > 0 else 0.0)
                         # long range: each pick still free is, with probability recall, a copy of an expert of
-                        # the request's token j back (j - 2 drawn from lag_cum): one of that token's experts not
-                        # picked yet, at random, among those of the token's own context if it has any (so the
-                        # context keeps its cross-layer pull); none left: a fresh pick
+                        # the request's token j back (j - 2 drawn from lag_cum): one of that token's experts at
+                        # random, among those of the current token's context if it has any (so the context keeps
+                        # its cross-layer pull); one picked already leaves the pick to a fresh draw
                         p_recall = recall[layer]
                         if p_recall > 0.0:
                             for _ in range(k - n):
@@ -201,64 +230,36 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                                 j = 2 + _search(lag_cum, _rand(st))
                                 if j > t:  # before the request's first token: nothing to recall
                                     continue
-                                free = 0
                                 own = 0
                                 for m in range(k):
-                                    y = np.int64(out[row - j, layer, m])
-                                    if stamp[y] != mark:
-                                        free += 1
-                                        if ctx_of[layer, y] == ctx:
-                                            own += 1
-                                if free == 0:
-                                    continue
-                                want = own if own > 0 else free
-                                pick = int(_rand(st) * want)
+                                    if ctx_of[layer, out[row - j, layer, m]] == ctx:
+                                        own += 1
+                                pick = int(_rand(st) * (own if own > 0 else k))
+                                y = -1
                                 for m in range(k):
-                                    y = np.int64(out[row - j, layer, m])
-                                    if stamp[y] == mark or (own > 0 and ctx_of[layer, y] != ctx):
+                                    z = np.int64(out[row - j, layer, m])
+                                    if own > 0 and ctx_of[layer, z] != ctx:
                                         continue
                                     if pick == 0:
-                                        n = _pick(y, n, sel, srt, stamp, mark)
-                                        removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                        y = z
                                         break
                                     pick -= 1
-                                # a recalled expert brings its co-activation partner of that token along, with
-                                # the partner probability (pairs recur together, as in a fresh pick's partner)
-                                if n < k and partner[layer] > 0.0:
-                                    g = group_of[layer, sel[n - 1]]
-                                    for m in range(k):
-                                        z = np.int64(out[row - j, layer, m])
-                                        if stamp[z] != mark and group_of[layer, z] == g:
-                                            n = _pick(z, n, sel, srt, stamp, mark)
-                                            removed += c[z] - (c[z - 1] if z > 0 else 0.0)
-                                            break
+                                if stamp[y] == mark:  # picked already: this pick stays fresh (no bias to the rare)
+                                    continue
+                                n = _pick(y, n, sel, srt, stamp, mark)
+                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                # a recalled pick draws its co-activation partner like a fresh pick does
+                                if n < k and partner[layer] > 0.0 and _rand(st) < partner[layer]:
+                                    z = _mate(sel[n - 1], layer, c, group_of, members, gstart, stamp, mark,
+                                              mate_weight, st)
+                                    if z >= 0:
+                                        n = _pick(z, n, sel, srt, stamp, mark)
+                                        removed += c[z] - (c[z - 1] if z > 0 else 0.0)
                     while n < k:
                         x = -1
                         if n > 0 and partner[layer] > 0.0 and _rand(st) < partner[layer]:
-                            a = sel[int(_rand(st) * n)]
-                            g = group_of[layer, a]
-                            s0 = gstart[layer, g]
-                            size = gstart[layer, g + 1] - s0
-                            if size > 1:
-                                # a group mate not yet picked, by its current weight (so the working
-                                # set and the token's context still apply)
-                                tot = 0.0
-                                for i in range(size):
-                                    y = members[layer, s0 + i]
-                                    mate_weight[i] = c[y] - (c[y - 1] if y > 0 else 0.0)
-                                    if stamp[y] == mark:
-                                        mate_weight[i] = -1.0  # already picked
-                                    if mate_weight[i] >= 0.0:
-                                        tot += mate_weight[i]
-                                if tot > 0.0:
-                                    pick = _rand(st) * tot
-                                    for i in range(size):
-                                        if mate_weight[i] < 0.0:
-                                            continue
-                                        x = members[layer, s0 + i]
-                                        pick -= mate_weight[i]
-                                        if pick <= 0.0:
-                                            break
+                            x = _mate(sel[int(_rand(st) * n)], layer, c, group_of, members, gstart, stamp, mark,
+                                      mate_weight, st)
                         if x < 0:
                             # an exact draw without replacement: a point of the range with the picked
                             # experts cut out, mapped back onto cum by adding the widths of the cut

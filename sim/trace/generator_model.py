@@ -279,7 +279,8 @@ def calibrate_preset(name: str) -> dict:
     """Run the calibration of a preset from scratch; returns what generator_presets.json stores for it."""
     model = _model(name, calibrate=True)
     c = model.calibrated
-    return dict(working_set_shift=c["working_set_shift"], rho_prefill=c["rho_prefill"], rho_decode=c["rho_decode"])
+    return dict(working_set_shift=c["working_set_shift"], rho_prefill=c["rho_prefill"], rho_decode=c["rho_decode"],
+                temper=c["temper"])
 
 
 def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) -> _Model:
@@ -351,6 +352,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
     else:
         model.shift = np.array(stored["working_set_shift"], float)
         model.rho = np.array([stored["rho_prefill"], stored["rho_decode"]], float)
+        model.temper = np.array(stored["temper"], float)
         origin = "generator_presets.json"
     model.calibrated = dict(
         origin=origin,
@@ -358,6 +360,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
         working_set_shift=[round(float(x), 4) for x in model.shift],
         rho_prefill=[round(float(x), 4) for x in model.rho[0]],
         rho_decode=[round(float(x), 4) for x in model.rho[1]],
+        temper=[round(float(x), 4) for x in model.temper],
         reuse_target_prefill=[None if math.isnan(x) else round(float(x), 4) for x in reuse_t[0]],
         reuse_target_decode=[None if math.isnan(x) else round(float(x), 4) for x in reuse_t[1]],
         union_target=None if union_t is None else dict(
@@ -367,6 +370,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
     # them with a fixed random stream, the same whether the calibration was stored or just computed
     model.shift = np.array(model.calibrated["working_set_shift"])
     model.rho = np.array([model.calibrated["rho_prefill"], model.calibrated["rho_decode"]])
+    model.temper = np.array(model.calibrated["temper"])
     model.w = w0
     _correct_marginal(model, _correction_rng(model))
     return model
