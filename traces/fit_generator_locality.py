@@ -32,25 +32,25 @@ from sim.trace.generator_targets import generated_figures, locality_targets  # n
 # preset -> (strengths: dotted spec path -> (low, high, start), the spec paths set from them, the targets fitted)
 FITS = {
     "deepseek-v2-lite": (
-        {"reuse.prefill": (0.05, 0.5, 0.2675), "reuse.recall.prob": (0.0, 0.95, 0.38),
+        {"reuse.prefill": (0.05, 0.5, 0.2675), "reuse.recall.prob": (0.0, 0.95, 0.5),
          "reuse.recall.lag.exponent": (0.5, 3.0, 0.925)},
         {"reuse.decode": lambda v: v["reuse.prefill"] / PREFILL_OVER_DECODE},
         ("reuse_within_prompts", "adjacent_prompts")),
     "deepseek-v4-flash-q2": (
-        {"reuse.decode": (0.2, 0.6, 0.41), "reuse.recall.prob": (0.0, 0.95, 0.8),
-         "reuse.recall.lag.exponent": (0.5, 3.0, 1.05)},
+        {"reuse.decode": (0.2, 0.6, 0.39), "reuse.recall.prob": (0.0, 0.95, 0.85),
+         "reuse.recall.lag.exponent": (0.5, 3.0, 1.3)},
         {"reuse.prefill": lambda v: v["reuse.decode"] * PREFILL_OVER_DECODE},
         ("lru_verifier_rows", "adjacent_verifier_rows")),
     "deepseek-v4-flash-q2:tokens": (
         {"hash_routing.repeat.prob": (0.0, 0.9, 0.3), "hash_routing.repeat.lag.exponent": (0.3, 3.0, 1.0)},
         {}, ("hash_layers_on_real_text",)),
     "qwen3.8-flash-next-iq3s": (
-        {"reuse.decode": (0.1, 0.6, 0.2375), "reuse.recall.prob": (0.0, 0.95, 0.55),
-         "reuse.recall.lag.exponent": (0.5, 3.0, 0.95)},
+        {"reuse.decode": (0.1, 0.6, 0.2125), "reuse.recall.prob": (0.0, 0.95, 0.72),
+         "reuse.recall.lag.exponent": (0.5, 3.0, 1.2)},
         {"reuse.prefill": lambda v: v["reuse.decode"] * PREFILL_OVER_DECODE},
         ("lru_300_tokens",)),
     "qwen3-30b-a3b": (
-        {"reuse.recall.prob": (0.0, 0.95, 0.85)}, {}, ("reuse_within_8_decode",)),
+        {"reuse.recall.prob": (0.0, 0.95, 0.84)}, {}, ("reuse_within_8_decode",)),
 }
 
 
@@ -105,7 +105,7 @@ def fit(name: str) -> dict:
             seen[key] = objective(preset, values, tied, names)
             print(f"  {values} -> {seen[key][0]:.2f} {seen[key][1]} ({time.perf_counter() - t:.0f} s)", flush=True)
         return seen[key][0]
-    x, step = start.copy(), 0.1
+    x, step = start.copy(), 0.05
     while step >= 0.02 and len(seen) < 40:
         best_x, best_f = x, f(x)
         for i in range(len(paths)):

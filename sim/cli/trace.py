@@ -161,7 +161,8 @@ def trace_locality_cmd(
         return
     lru = out["lru"]
     show(table(f"{trace_path}: LRU ({pool} pool, rows {rows}, cold {cold}, {keys_per_expert} key(s) per expert)",
-               [{"slots": c, "hit_rate": h} for c, h in zip(lru["capacities"], lru["hit_rate"])], ["slots", "hit_rate"]))
+               [{"slots": c, "hit_rate": h} for c, h in zip(lru["capacities"], lru["hit_rate"])],
+               ["slots", "hit_rate"]))
     show(table("reused within d tokens", [{"d": d, "share": v} for d, v in
                                           zip(out["reuse_within"]["distances"], out["reuse_within"]["share"])],
                ["d", "share"]))

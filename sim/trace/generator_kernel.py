@@ -124,8 +124,8 @@ def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, k
 
 @nb.njit(cache=True, nogil=True)  # nogil: independent requests can be generated on several cores
 def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, group_of, members, gstart, n_groups,
-            ctx_of, n_ctx, kappa, stick, rho, recall, lag_cum, partner, seg_p, drift, is_hash, vocab_cum, tok_rho, tok_lag_cum,
-            hash_seed):
+            ctx_of, n_ctx, kappa, stick, rho, recall, lag_cum, partner, seg_p, drift, is_hash, vocab_cum, tok_rho,
+            tok_lag_cum, hash_seed):
     n_layers, e_n = w.shape
     steps = prompt + decode
     rows = n_req * steps

@@ -343,8 +343,9 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
                    gstart=gstart, n_groups=n_groups, ctx_of=ctx_of, n_ctx=n_ctx, kappa=kappa,
                    stick=float(cross["stick"]), rho=np.where(np.isnan(reuse_t), 0.0, reuse_t * 0.8),
                    recall=np.where(is_hash, 0.0, float(spec["reuse"].get("recall", {}).get("prob", 0.0))),
-                   lag_cum=lag_law(spec["reuse"].get("recall", {}).get("lag")), partner=partner, seg_p=1.0 / seg["mean_tokens"], drift=float(seg["drift"]), is_hash=is_hash,
-                   vocab_cum=vocab_cum, tok_rho=tok_rho, tok_lag_cum=tok_lag, hash_seed=seed & 0x7FFF_FFFF_FFFF_FFFF, calibrated={})
+                   lag_cum=lag_law(spec["reuse"].get("recall", {}).get("lag")), partner=partner,
+                   seg_p=1.0 / seg["mean_tokens"], drift=float(seg["drift"]), is_hash=is_hash, vocab_cum=vocab_cum,
+                   tok_rho=tok_rho, tok_lag_cum=tok_lag, hash_seed=seed & 0x7FFF_FFFF_FFFF_FFFF, calibrated={})
     w0 = model.w.copy()
     if stored is None:
         _calibrate(model, reuse_t, union_t)

@@ -71,8 +71,8 @@ class _Model:
     def run(self, seed: int, n_req: int, prompt: int, decode: int) -> np.ndarray:
         return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w_run, self.sigma, self.thr,
                        self.leak, self.local, self.eta, self.group_of, self.members, self.gstart, self.n_groups,
-                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall, self.lag_cum, self.partner,
-                       self.seg_p, self.drift, self.is_hash, self.vocab_cum, self.tok_rho, self.tok_lag_cum,
+                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall, self.lag_cum,
+                       self.partner, self.seg_p, self.drift, self.is_hash, self.vocab_cum, self.tok_rho, self.tok_lag_cum,
                        np.uint64(self.hash_seed))
 
 

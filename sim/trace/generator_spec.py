@@ -82,7 +82,8 @@ _QWEN3_30B_TARGETS = {
     "union_512": dict(min=72, max=95, independent=(111, 126), source="PR #15346; §3.3 (computed)"),
     "coactivation": dict(kept_pairs_share=(0.17, 0.25), top_lift="~35 (layer 0)", source="mbolt pairs"),
     "reuse_within_8_decode": dict(
-        kind="reuse_within", fit=True, tolerance=0.05, run=dict(requests=3, prompt_tokens=0, decode_tokens=512, seeds=2),
+        kind="reuse_within", fit=True, tolerance=0.05,
+        run=dict(requests=3, prompt_tokens=0, decode_tokens=512, seeds=2),
         protocol=dict(rows="decode"), distances=[8], measured=[0.80],
         source="kekzl/imp PR #1359: three prompts x 512 decode tokens, 80 % of selections recur within eight tokens "
                "(median reuse distance 2 tokens)"),

@@ -30,7 +30,8 @@ KINDS = ("lru", "reuse_within", "adjacent", "hot_pairs")
 def locality_targets(preset: str) -> dict[str, dict]:
     """The preset's measured locality figures (targets with a kind), by name."""
     if preset not in GENERATOR_PRESETS:
-        raise InputError("locality_targets", "preset", preset, f"unknown; valid: {', '.join(sorted(GENERATOR_PRESETS))}")
+        raise InputError("locality_targets", "preset", preset,
+                         f"unknown; valid: {', '.join(sorted(GENERATOR_PRESETS))}")
     return {name: t for name, t in GENERATOR_PRESETS[preset]["targets"].items() if t.get("kind") in KINDS}
 
 
