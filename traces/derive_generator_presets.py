@@ -36,7 +36,8 @@ Check on Flash: its tail is in tie blocks ordered by (layer, expert), which give
 the Flash profile is one 299-token run. (A one-off fit of the same law to the counted tail plus the 40
 per-layer totals, made while writing this script, gave b = 0.99, g0 = 47: the rank-only fit agrees.)
 For Pro (ties broken by weight, no counts) the profile length is estimated from the hash layers'
-distinct-expert counts as if they were uniform (about 52 tokens).
+distinct-expert counts: ~52 distinct tokens (a uniform hash), which real text holds in its first ~74 tokens
+(the DeepSeek-V2-Lite prompts' distinct tokens, sim/trace/generator_deepseek_v2_lite.json).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "sim" / "trace" / "generator_presets.json"
+V2_LITE = ROOT / "sim" / "trace" / "generator_deepseek_v2_lite.json"  # traces/derive_deepseek_v2_lite.py
 
 MBOLT = {
     "qwen3-30b-a3b": "mbolt-coactivation/coactivation_qwen3-30b-a3b.json",
@@ -245,12 +247,19 @@ def derive_hotlist(name: str, rel: str, n_layers: int, e: int, k: int) -> dict:
         out["profile_tokens_how"] = (f"tie blocks give exact counts in the tail; each hash layer sums to "
                                      f"{int(hash_sums[0])} = {k} x {tokens} hits")
     else:
+        # a hash layer's experts depend on the distinct tokens only: D = ln(1 - n/E) / ln(1 - k/E) distinct
+        # tokens; real text repeats tokens, so the run is longer than D: the length at which the DeepSeek-V2-Lite
+        # trace's prompts hold D distinct tokens (traces/derive_deepseek_v2_lite.py, distinct_in_first)
         hash_n = listed[list(HASH_LAYERS)]
-        est = np.log(1 - hash_n / e) / np.log(1 - k / e)
-        out["profile_tokens"] = int(round(float(est.mean())))
-        out["profile_tokens_how"] = ("no tie blocks (sorted by weight); estimated from the hash layers' "
-                                     f"{hash_n.tolist()} distinct experts of {e} as if uniform: "
-                                     "n = E (1 - (1 - k/E)^T)")
+        distinct = float((np.log(1 - hash_n / e) / np.log(1 - k / e)).mean())
+        text = json.loads(V2_LITE.read_text())["text_tokens"]["distinct_in_first"]
+        tokens = float(np.interp(distinct, text["distinct"], text["tokens"]))
+        out["profile_tokens"] = int(round(tokens))
+        out["profile_tokens_how"] = ("no tie blocks (sorted by weight); the hash layers' "
+                                     f"{hash_n.tolist()} distinct experts of {e} come from {distinct:.1f} distinct "
+                                     "tokens (uniform hash: n = E (1 - (1 - k/E)^D)), which real text (the "
+                                     "DeepSeek-V2-Lite prompts) holds in its first "
+                                     f"{tokens:.0f} tokens")
     routed = [layer for layer in range(n_layers) if layer not in HASH_LAYERS]
     out.update(layer_block(dists, k, routed))
     out["distinct_in_profile"] = dict(routed_layers=spread(listed[routed]), hash_layers=listed[list(HASH_LAYERS)].tolist(),

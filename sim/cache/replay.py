@@ -20,7 +20,7 @@ import pandas as pd
 
 from sim.cache import kernels
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
-from sim.cache.mrc import stack_distance_histograms
+from sim.trace.mrc import stack_distance_histograms
 from sim.errors import InputError
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_NAMES, Trace
 

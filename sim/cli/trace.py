@@ -124,3 +124,66 @@ def trace_stats_cmd(
     for part, values in (stats.get("coactivation") or {}).items():
         rows = [{"statistic": k, "value": v} for k, v in values.items() if not isinstance(v, (list, dict))]
         show(table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError("trace locality", option, text, "comma-separated integers, e.g. 8,16,32") from None
+
+
+@trace_app.command("locality")
+def trace_locality_cmd(
+    trace_path: Path = typer.Argument(..., metavar="TRACE"),
+    capacities: str = typer.Option("8,16,32,64,128", help="LRU cache sizes in slots (per layer, or of the "
+                                   "shared pool), comma-separated"),
+    rows: str = typer.Option("all", help="rows replayed: all | decode | prefill"),
+    cold: str = typer.Option("trace", help="trace: one cold start, requests one after another; request: the "
+                             "cache is cleared at every request"),
+    keys_per_expert: int = typer.Option(1, help="cache keys one expert takes (3 where gate, up and down are "
+                                        "cached apart in one slot budget)"),
+    pool: str = typer.Option("layer", help="layer: a cache per layer; shared: one cache over all layers"),
+    within: str = typer.Option("1,2,4,8,16,32,64", help="token distances d of 'reused within d tokens'"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """Locality as expert-cache studies measure it: LRU hit rates under a protocol, reuse within d tokens,
+    and the routed mass of the hottest (layer, expert) pairs."""
+    from sim.trace.format import read_trace
+    from sim.trace.locality import LruProtocol, hot_pair_coverage, lru_hit_rates, reuse_within
+
+    trace = read_trace(trace_path)
+    protocol = LruProtocol(rows=rows, cold=cold, keys_per_expert=keys_per_expert, pool=pool)
+    out = {"lru": lru_hit_rates(trace, _ints(capacities, "--capacities"), protocol),
+           "reuse_within": reuse_within(trace, _ints(within, "--within"), rows), "hot_pairs": hot_pair_coverage(trace)}
+    if as_json:
+        print_json(out)
+        return
+    lru = out["lru"]
+    show(table(f"{trace_path}: LRU ({pool} pool, rows {rows}, cold {cold}, {keys_per_expert} key(s) per expert)",
+               [{"slots": c, "hit_rate": h} for c, h in zip(lru["capacities"], lru["hit_rate"])],
+               ["slots", "hit_rate"]))
+    show(table("reused within d tokens", [{"d": d, "share": v} for d, v in
+                                          zip(out["reuse_within"]["distances"], out["reuse_within"]["share"])],
+               ["d", "share"]))
+    show(table("hottest pairs", [{"fraction": f, "pairs": n, "share": v} for f, n, v in
+                                 zip(*(out["hot_pairs"][k] for k in ("fractions", "pairs", "share")))],
+               ["fraction", "pairs", "share"]))
+
+
+@trace_app.command("check-generator")
+def trace_check_generator(
+    preset: str = typer.Option(..., help="generator preset"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+):
+    """The preset's generated routing against the published locality figures it was fitted to or is checked
+    against (each re-measured on traces generated the way the study ran its model)."""
+    from sim.trace.generator_targets import locality_report
+
+    rows = locality_report(preset)
+    if as_json:
+        print_json({"preset": preset, "rows": rows})
+        return
+    show(table(f"{preset}: generated vs measured", [{k: r[k] for k in ("target", "size", "measured", "generated",
+                                                                       "error", "tolerance", "within", "fit")}
+                                                    for r in rows]))

@@ -84,6 +84,18 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
     spec = GENERATOR_PRESETS[preset]
     if statistics:
         spec = with_statistics(spec, **statistics)
+    model = model_of(spec) if statistics else _model(preset)
+    return _generated(spec, model, preset, prompt, decode, seed, n_req, statistics)
+
+
+def trace_of_spec(spec: dict, prompt_tokens: int, decode_tokens: int, seed: int, requests: int = 1) -> Trace:
+    """A trace from any routing spec (a preset's with changed strengths, as traces/fit_generator_locality.py tries
+    them): calibrated at first use, like a preset without a stored calibration."""
+    return _generated(spec, model_of(spec), spec["model"], prompt_tokens, decode_tokens, seed, requests)
+
+
+def _generated(spec: dict, model, preset: str, prompt: int, decode: int, seed: int, n_req: int,
+               statistics: dict | None = None) -> Trace:
     geo = _geometry(spec["model"])
     rows = n_req * (prompt + decode)
     size = rows * geo.n_layers * geo.top_k * 2
@@ -91,7 +103,6 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
         raise InputError("generate_trace", "requests x (prompt_tokens + decode_tokens)", rows,
                          f"too large: {size / GIB:.1f} GiB of expert ids (limit {MAX_TRACE_BYTES >> 30} GiB, "
                          f"{MAX_ROWS} rows)")
-    model = model_of(spec) if statistics else _model(preset)
     experts = model.run(seed, n_req, prompt, decode)
     request = np.repeat(np.arange(n_req, dtype=np.int32), prompt + decode)
     position = np.tile(np.arange(prompt + decode, dtype=np.int32), n_req)

@@ -13,6 +13,11 @@ from sim.trace.generator_params import _membership, _Model
 from sim.trace.stats import prefill_union_by_layer, reuse_by_layer
 
 
+# The most a pick can be a copy of an earlier pick: the rest stay fresh draws, so a layer keeps meeting new
+# experts however strong its reuse.
+RHO_MAX = 0.95
+
+
 def _inclusion(u: np.ndarray, k: int, lam: np.ndarray | None = None, steps: int = 40):
     """Inclusion probabilities of k picks without replacement with weights u (last axis), by the
     exponential-clock approximation pi_e = 1 - exp(-lam u_e) with sum pi = k. Returns (pi, lam)."""
@@ -88,19 +93,30 @@ def _pilot_reuse(model: _Model, n_req: int, steps: int, seed: int) -> np.ndarray
 
 
 def _calibrate_rho(model: _Model, reuse_t: np.ndarray, rounds: int, seed: int) -> None:
+    """Per layer and phase, the copy probability whose pilot runs meet the adjacent-reuse target. The reuse rises
+    with rho, so each layer keeps a bracket [lo, hi] and steps by the secant through its ends (false position),
+    all layers of one pilot run at once; the pilot streams are fixed, so the search is deterministic."""
     ok = ~np.isnan(reuse_t)
+    target = np.where(ok, reuse_t, 0.0)
+    lo, hi = np.zeros_like(target), np.full_like(target, RHO_MAX)
+    rho = np.where(ok, model.rho, 0.0)
+    model.rho = lo.copy()
+    m_lo = _pilot_reuse(model, 8, 384, seed)
+    model.rho = hi.copy()
+    m_hi = _pilot_reuse(model, 8, 384, seed)
+    m_lo, m_hi = np.nan_to_num(m_lo), np.nan_to_num(m_hi)
     for i in range(rounds):
-        meas = _pilot_reuse(model, 8, 384, seed + i)
-        rho = model.rho
-        # measured m = rho + (1 - rho)^2 b: estimate b, then solve for the rho that gives the target
         with np.errstate(invalid="ignore", divide="ignore"):
-            b = np.clip((meas - rho) / np.maximum((1 - rho) ** 2, 1e-6), 0.0, 0.95)
-            disc = np.maximum(1 - 4 * b * (1 - reuse_t), 0.0)
-            y = np.where(b > 1e-6, (1 - np.sqrt(disc)) / (2 * np.maximum(b, 1e-6)), 1 - reuse_t)
-            # the baseline overlap alone already exceeds the target: keep nothing on purpose
-            y = np.where(b >= reuse_t, 1.0, y)
-        new = np.clip(1 - y, 0.0, 0.95)
-        model.rho = np.where(ok, new, 0.0)
+            rho = np.where(m_hi > m_lo, lo + (target - m_lo) * (hi - lo) / (m_hi - m_lo), 0.5 * (lo + hi))
+        rho = np.clip(rho, lo + 0.02 * (hi - lo), hi - 0.02 * (hi - lo))
+        model.rho = np.where(ok, rho, 0.0)
+        m = np.nan_to_num(_pilot_reuse(model, 8, 384, seed))
+        low = m < target
+        lo, m_lo = np.where(low, rho, lo), np.where(low, m, m_lo)
+        hi, m_hi = np.where(low, hi, rho), np.where(low, m_hi, m)
+    # the baseline overlap alone already exceeds the target: keep nothing on purpose
+    rho = np.where(m_lo >= target, 0.0, rho)
+    model.rho = np.where(ok & (m_hi > target), rho, np.where(ok, RHO_MAX, 0.0))
 
 
 def _shift_for_size(model: _Model, size: np.ndarray) -> np.ndarray:
@@ -131,7 +147,8 @@ def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
 
     if union_t is None or not model.local.any():
         correct()
-        _calibrate_rho(model, reuse_t, 3, seed)
+        _calibrate_rho(model, reuse_t, 6, seed)
+        _calibrate_temper(model, seed + 5000)
         return
     chunk, target = union_t
     n_req = max(4, min(16, 4096 // chunk))
@@ -166,9 +183,47 @@ def _calibrate(model: _Model, reuse_t: np.ndarray, union_t) -> None:
     #    step (the correction moves the union), and recalibrate reuse for the final size.
     _set_size(model, size)
     correct()
-    _calibrate_rho(model, reuse_t, 2, seed + 1000)
+    _calibrate_rho(model, reuse_t, 4, seed + 1000)
     size = bisect(np.maximum(0.6 * size, min(2.0 * k, e)), np.minimum(1.6 * size, e), 6, seed + 2000,
                   corrected=True)
     _set_size(model, size)
     correct()
-    _calibrate_rho(model, reuse_t, 2, seed + 3000)
+    _calibrate_rho(model, reuse_t, 6, seed + 3000)
+    _calibrate_temper(model, seed + 5000)
+
+
+def _hot_share(model: _Model, heat: np.ndarray) -> np.ndarray:
+    """[L] share of a layer's selections taken by its hottest quarter of experts (ranked by q_target)."""
+    e = model.geo.n_experts
+    top = np.argsort(-model.q_target, axis=1)[:, : max(1, e // 4)]
+    return np.take_along_axis(heat, top, 1).sum(1) / np.maximum(heat.sum(1), 1)
+
+
+def _calibrate_temper(model: _Model, seed: int, rounds: int = 5) -> None:
+    """Per layer, the power tau of the base weights (w^tau) whose pilot runs give the hottest quarter of experts its
+    long-run share of q_target. The reuse mechanisms copy earlier picks, and a pick that finds its expert taken
+    falls to a fresh draw, so the analytic marginal correction (which sees fresh draws only) leaves the skew a
+    little off; tau puts it back. Secant steps on the log of the share error, all layers from one pilot."""
+    fix = ~model.is_hash
+    want = _hot_share(model, model.q_target)
+    tau = np.ones(model.geo.n_layers)
+    n_req, steps = 8, 1024
+    prev = None
+    for i in range(rounds):
+        model.temper = tau.copy()
+        ex = model.run(seed, n_req, steps // 2, steps - steps // 2)
+        heat = np.zeros((model.geo.n_layers, model.geo.n_experts))
+        for layer in range(model.geo.n_layers):
+            heat[layer] = np.bincount(ex[:, layer].ravel().astype(np.int64), minlength=model.geo.n_experts)
+        got = _hot_share(model, heat)
+        err = np.log(want / np.maximum(got, 1e-9))
+        if prev is None:
+            step = 2.0 * err  # a first guess of d(log share)/d(tau) ~ 0.5
+        else:
+            slope = (np.log(np.maximum(got, 1e-9)) - prev[1]) / np.where(np.abs(tau - prev[0]) > 1e-6, tau - prev[0],
+                                                                          np.nan)
+            slope = np.where(np.isfinite(slope) & (slope > 0.05), slope, 0.5)
+            step = err / slope
+        prev = (tau.copy(), np.log(np.maximum(got, 1e-9)))
+        tau = np.where(fix, np.clip(tau + np.clip(step, -0.3, 0.3), 0.5, 2.0), 1.0)
+    model.temper = np.round(tau, 4)

@@ -71,6 +71,35 @@ def _pick(x, n, sel, srt, stamp, mark):
     return n + 1
 
 
+@nb.njit(inline="always")
+def _mate(a, layer, c, group_of, members, gstart, stamp, mark, mate_weight, st):
+    """A group mate of expert a not yet picked, by its current weight (so the working set and the token's context
+    still apply); -1 when none has weight."""
+    g = group_of[layer, a]
+    s0 = gstart[layer, g]
+    size = gstart[layer, g + 1] - s0
+    if size <= 1:
+        return -1
+    tot = 0.0
+    for i in range(size):
+        y = members[layer, s0 + i]
+        mate_weight[i] = -1.0 if stamp[y] == mark else c[y] - (c[y - 1] if y > 0 else 0.0)
+        if mate_weight[i] >= 0.0:
+            tot += mate_weight[i]
+    if tot <= 0.0:
+        return -1
+    pick = _rand(st) * tot
+    x = -1
+    for i in range(size):
+        if mate_weight[i] < 0.0:
+            continue
+        x = members[layer, s0 + i]
+        pick -= mate_weight[i]
+        if pick <= 0.0:
+            break
+    return x
+
+
 @nb.njit(cache=True)
 def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer):
     e_n = w.shape[1]
@@ -95,7 +124,8 @@ def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, k
 
 @nb.njit(cache=True, nogil=True)  # nogil: independent requests can be generated on several cores
 def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, group_of, members, gstart, n_groups,
-            ctx_of, n_ctx, kappa, stick, rho, partner, seg_p, drift, is_hash, vocab_cum, hash_seed):
+            ctx_of, n_ctx, kappa, stick, rho, recall, lag_cum, partner, seg_p, drift, is_hash, vocab_cum, tok_rho,
+            tok_lag_cum, hash_seed):
     n_layers, e_n = w.shape
     steps = prompt + decode
     rows = n_req * steps
@@ -109,7 +139,7 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
     zg = np.zeros((n_layers, max_g))
     zi = np.zeros((n_layers, e_n))
     cum = np.zeros((n_layers, n_ctx, e_n))
-    prev = np.zeros((n_layers, k), np.int64)
+    tok_of = np.zeros(max(steps, 1), np.int64)  # the request's token ids so far (hash layers)
     sel = np.zeros(k, np.int64)
     srt = np.zeros(k, np.int64)  # the picks of the current (token, layer) in ascending id order
     # stamp[e] == mark: e is already picked for the current (token, layer); one O(1) test instead of a scan
@@ -146,9 +176,17 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                     _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
             if n_ctx > 1 and (t == 0 or _rand(st) >= stick):
                 ctx = int(_rand(st) * n_ctx)
-            tid = 0
+            tid = -1
             if any_hash:
-                tid = _search(vocab_cum, _rand(st) * vocab_cum[vocab_cum.shape[0] - 1])
+                # a token repeats one of the request's earlier tokens (its lag drawn from tok_lag_cum) or is a
+                # fresh draw from the vocabulary's rank-frequency law
+                if t > 0 and _rand(st) < tok_rho:
+                    j = 1 + _search(tok_lag_cum, _rand(st))
+                    if j <= t:
+                        tid = tok_of[t - j]
+                if tid < 0:
+                    tid = _search(vocab_cum, _rand(st) * vocab_cum[vocab_cum.shape[0] - 1])
+                tok_of[t] = tid
             for layer in range(n_layers):
                 n = 0
                 mark += 1
@@ -172,38 +210,56 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                     c = cum[layer, ctx]
                     total = c[e_n - 1]
                     if t > 0:
+                        # temporal reuse, short range: each of the previous token's experts is kept with
+                        # probability rho (per layer and phase)
                         p_keep = rho[ph, layer]
                         for j in range(k):
                             if _rand(st) < p_keep:
-                                n = _pick(prev[layer, j], n, sel, srt, stamp, mark)
-                                removed += c[sel[n - 1]] - (c[sel[n - 1] - 1] if sel[n - 1] > 0 else 0.0)
+                                y = np.int64(out[row - 1, layer, j])
+                                n = _pick(y, n, sel, srt, stamp, mark)
+                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                        # long range: each pick still free is, with probability recall, a copy of an expert of
+                        # the request's token j back (j - 2 drawn from lag_cum): one of that token's experts at
+                        # random, among those of the current token's context if it has any (so the context keeps
+                        # its cross-layer pull); one picked already leaves the pick to a fresh draw
+                        p_recall = recall[layer]
+                        if p_recall > 0.0:
+                            for _ in range(k - n):
+                                if n >= k or _rand(st) >= p_recall:
+                                    continue
+                                j = 2 + _search(lag_cum, _rand(st))
+                                if j > t:  # before the request's first token: nothing to recall
+                                    continue
+                                own = 0
+                                for m in range(k):
+                                    if ctx_of[layer, out[row - j, layer, m]] == ctx:
+                                        own += 1
+                                pick = int(_rand(st) * (own if own > 0 else k))
+                                y = -1
+                                for m in range(k):
+                                    z = np.int64(out[row - j, layer, m])
+                                    if own > 0 and ctx_of[layer, z] != ctx:
+                                        continue
+                                    if pick == 0:
+                                        y = z
+                                        break
+                                    pick -= 1
+                                if stamp[y] == mark:  # picked already: this pick stays fresh (no bias to the rare)
+                                    continue
+                                n = _pick(y, n, sel, srt, stamp, mark)
+                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                # a recalled pick draws its co-activation partner like a fresh pick does
+                                if n < k and partner[layer] > 0.0 and _rand(st) < partner[layer]:
+                                    z = _mate(sel[n - 1], layer, c, group_of, members, gstart, stamp, mark,
+                                              mate_weight, st)
+                                    if z >= 0:
+                                        n = _pick(z, n, sel, srt, stamp, mark)
+                                        removed += c[z] - (c[z - 1] if z > 0 else 0.0)
                     while n < k:
                         x = -1
                         if n > 0 and partner[layer] > 0.0 and _rand(st) < partner[layer]:
-                            a = sel[int(_rand(st) * n)]
-                            g = group_of[layer, a]
-                            s0 = gstart[layer, g]
-                            size = gstart[layer, g + 1] - s0
-                            if size > 1:
-                                # a group mate not yet picked, by its current weight (so the working
-                                # set and the token's context still apply)
-                                tot = 0.0
-                                for i in range(size):
-                                    y = members[layer, s0 + i]
-                                    mate_weight[i] = c[y] - (c[y - 1] if y > 0 else 0.0)
-                                    if stamp[y] == mark:
-                                        mate_weight[i] = -1.0  # already picked
-                                    if mate_weight[i] >= 0.0:
-                                        tot += mate_weight[i]
-                                if tot > 0.0:
-                                    pick = _rand(st) * tot
-                                    for i in range(size):
-                                        if mate_weight[i] < 0.0:
-                                            continue
-                                        x = members[layer, s0 + i]
-                                        pick -= mate_weight[i]
-                                        if pick <= 0.0:
-                                            break
+                            x = _mate(sel[int(_rand(st) * n)], layer, c, group_of, members, gstart, stamp, mark,
+                                      mate_weight, st)
                         if x < 0:
                             # an exact draw without replacement: a point of the range with the picked
                             # experts cut out, mapped back onto cum by adding the widths of the cut
@@ -228,7 +284,6 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
                         n = _pick(x, n, sel, srt, stamp, mark)
                         removed += c[x] - (c[x - 1] if x > 0 else 0.0)
                 for j in range(k):
-                    prev[layer, j] = sel[j]
                     out[row, layer, j] = sel[j]
             row += 1
     return out

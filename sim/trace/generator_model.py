@@ -19,30 +19,33 @@ from sim.trace.generator_params import _Geometry, _Model
 from sim.trace.generator_spec import GENERATOR_PRESETS, REUSE_SHAPE_FLAT, REUSE_SHAPE_QWEN3
 
 DERIVED_PATH = Path(__file__).with_name("generator_presets.json")
+# DeepSeek-V2-Lite figures from its real per-token trace (traces/derive_deepseek_v2_lite.py), kept apart: their
+# source is a git repository, not ../shared/data
+V2_LITE_PATH = Path(__file__).with_name("generator_deepseek_v2_lite.json")
 
 # --------------------------------------------------------------------------------------- geometry
 
 
-_FALLBACK_GEOMETRY = {  # routed layers (no MTP) x experts, top-k; used only without sim.model.presets
-    "deepseek-v4-flash-q2": (43, 256, 6), "deepseek-v4-flash-q2-q4": (43, 256, 6),
-    "deepseek-v4-flash-q4": (43, 256, 6), "deepseek-v4-pro": (61, 384, 6),
-    "qwen3.8-flash-next-iq3s": (48, 512, 10), "qwen3-30b-a3b": (48, 128, 8), "qwen3-next-80b-a3b": (48, 512, 10),
-    "mixtral-8x7b": (32, 8, 2), "olmoe-1b-7b": (16, 64, 8), "glm-5.2": (75, 256, 8), "gpt-oss-120b": (36, 128, 4),
-}
+# Models the generator knows that have no model preset (sim.model.presets): routed layers x experts, top-k.
+# DeepSeek-V2-Lite: 27 blocks, the first dense (first_k_dense_replace = 1), 64 routed experts, top-6, 2 shared
+# (routing-traces.md §6); its trace's gate hooks are layers 1-26.
+GENERATOR_ONLY_GEOMETRY = {"deepseek-v2-lite": (26, 64, 6)}
 
 
 def _geometry(model: str) -> _Geometry:
-    try:
-        from sim.model.presets import get_preset
-    except ImportError:  # pragma: no cover - presets ship with the package
-        return _Geometry(*_FALLBACK_GEOMETRY[model])
+    from sim.model.presets import get_preset, preset_names
+
+    if model in GENERATOR_ONLY_GEOMETRY and model not in preset_names():
+        return _Geometry(*GENERATOR_ONLY_GEOMETRY[model])
     layout = get_preset(model)
     return _Geometry(layout.n_routed_layers, layout.n_experts, layout.top_k)
 
 
 @functools.lru_cache(maxsize=1)
 def _derived() -> dict:
-    return json.loads(DERIVED_PATH.read_text())
+    doc = json.loads(DERIVED_PATH.read_text())
+    doc["deepseek-v2-lite"] = json.loads(V2_LITE_PATH.read_text())
+    return doc
 
 
 def _model_seed(key: str) -> int:
@@ -149,6 +152,16 @@ def _rank_popularity(spec: dict, geo: _Geometry, hash_layers: set[int], seed: in
 # --------------------------------------------------------------------------------------- model setup
 
 
+def lag_law(lag: dict | None, first: int = 2) -> np.ndarray:
+    """Cumulative law of how far back a recalled token lies: j = first..max_tokens with P(j) proportional to
+    j^-exponent (no lag entry: a point mass on `first`)."""
+    if not lag:
+        return np.ones(1)
+    j = np.arange(first, int(lag["max_tokens"]) + 1, dtype=float)
+    cum = np.cumsum(j ** -float(lag["exponent"]))
+    return cum / cum[-1]
+
+
 def _interp_shape(knots, n: int) -> np.ndarray:
     xs = np.array([x for x, _ in knots])
     ys = np.array([y for _, y in knots])
@@ -159,7 +172,10 @@ def _interp_shape(knots, n: int) -> np.ndarray:
 def _reuse_targets(spec: dict, n: int, hash_layers: set[int]) -> np.ndarray:
     """[2, L] target reuse (prefill, decode); NaN for hash layers."""
     reuse = spec["reuse"]
-    shape = _interp_shape(REUSE_SHAPE_QWEN3 if reuse["shape"] == "qwen3" else REUSE_SHAPE_FLAT, n)
+    if reuse["shape"] == "derived":  # a per-layer profile measured on the model's own trace
+        shape = np.array(_derived()[reuse["shape_key"]]["adjacent_reuse"]["per_layer"], float)
+    else:
+        shape = _interp_shape(REUSE_SHAPE_QWEN3 if reuse["shape"] == "qwen3" else REUSE_SHAPE_FLAT, n)
     routed = np.array([x not in hash_layers for x in range(n)])
     shape = shape / shape[routed].mean()
     out = np.vstack([shape * reuse["prefill"], shape * reuse["decode"]])
@@ -173,7 +189,10 @@ def _union_targets(spec: dict, geo: _Geometry, q_target: np.ndarray, hash_layers
     if not loc:
         return None
     n = geo.n_layers
-    if "derived" in loc:
+    if "derived" in loc and "union" in _derived()[loc["derived"]]:  # measured unions of a real trace
+        chunk = int(loc["chunk"])
+        target = np.array(_derived()[loc["derived"]]["union"][str(chunk)]["per_layer"], float)
+    elif "derived" in loc:  # a hotlist: the experts it lists per layer, at its profile's length
         d = _derived()[loc["derived"]]
         chunk = int(d["profile_tokens"])
         target = np.array(d["listed_per_layer"], float)
@@ -211,7 +230,7 @@ def _groups(rank_to_expert: np.ndarray, size: int, rng) -> tuple[np.ndarray, np.
 
 
 # Bump when the kernel or the calibration changes meaning: stored calibrations then no longer match.
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 
 
 def spec_key(spec: dict) -> str:
@@ -260,7 +279,8 @@ def calibrate_preset(name: str) -> dict:
     """Run the calibration of a preset from scratch; returns what generator_presets.json stores for it."""
     model = _model(name, calibrate=True)
     c = model.calibrated
-    return dict(working_set_shift=c["working_set_shift"], rho_prefill=c["rho_prefill"], rho_decode=c["rho_decode"])
+    return dict(working_set_shift=c["working_set_shift"], rho_prefill=c["rho_prefill"], rho_decode=c["rho_decode"],
+                temper=c["temper"])
 
 
 def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) -> _Model:
@@ -302,10 +322,13 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
     seg = spec["segments"]
     hr = spec.get("hash_routing")
     if hr:
-        v = np.arange(hr["vocab"], dtype=float)
-        vocab_cum = np.cumsum((v + hr["zipf_offset"]) ** -hr["zipf_exponent"])
+        law = _derived()[hr["tokens"]]["text_tokens"]["rank_frequency"]
+        v = np.arange(1, hr["vocab"] + 1, dtype=float)
+        vocab_cum = np.cumsum((v + law["offset"]) ** -law["exponent"])
+        tok_rho = float(hr.get("repeat", {}).get("prob", 0.0))
+        tok_lag = lag_law(hr["repeat"]["lag"], first=1) if tok_rho > 0 else np.ones(1)
     else:
-        vocab_cum = np.ones(1)
+        vocab_cum, tok_rho, tok_lag = np.ones(1), 0.0, np.ones(1)
 
     loc = spec.get("locality") or {}
     reuse_t = _reuse_targets(spec, n, hash_layers)
@@ -319,8 +342,10 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
                    local=local, eta=float(loc.get("own_share", 0.5)), group_of=group_of, members=members,
                    gstart=gstart, n_groups=n_groups, ctx_of=ctx_of, n_ctx=n_ctx, kappa=kappa,
                    stick=float(cross["stick"]), rho=np.where(np.isnan(reuse_t), 0.0, reuse_t * 0.8),
-                   partner=partner, seg_p=1.0 / seg["mean_tokens"], drift=float(seg["drift"]), is_hash=is_hash,
-                   vocab_cum=vocab_cum, hash_seed=seed & 0x7FFF_FFFF_FFFF_FFFF, calibrated={})
+                   recall=np.where(is_hash, 0.0, float(spec["reuse"].get("recall", {}).get("prob", 0.0))),
+                   lag_cum=lag_law(spec["reuse"].get("recall", {}).get("lag")), partner=partner,
+                   seg_p=1.0 / seg["mean_tokens"], drift=float(seg["drift"]), is_hash=is_hash, vocab_cum=vocab_cum,
+                   tok_rho=tok_rho, tok_lag_cum=tok_lag, hash_seed=seed & 0x7FFF_FFFF_FFFF_FFFF, calibrated={})
     w0 = model.w.copy()
     if stored is None:
         _calibrate(model, reuse_t, union_t)
@@ -328,6 +353,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
     else:
         model.shift = np.array(stored["working_set_shift"], float)
         model.rho = np.array([stored["rho_prefill"], stored["rho_decode"]], float)
+        model.temper = np.array(stored["temper"], float)
         origin = "generator_presets.json"
     model.calibrated = dict(
         origin=origin,
@@ -335,6 +361,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
         working_set_shift=[round(float(x), 4) for x in model.shift],
         rho_prefill=[round(float(x), 4) for x in model.rho[0]],
         rho_decode=[round(float(x), 4) for x in model.rho[1]],
+        temper=[round(float(x), 4) for x in model.temper],
         reuse_target_prefill=[None if math.isnan(x) else round(float(x), 4) for x in reuse_t[0]],
         reuse_target_decode=[None if math.isnan(x) else round(float(x), 4) for x in reuse_t[1]],
         union_target=None if union_t is None else dict(
@@ -344,6 +371,7 @@ def _build(spec: dict, geo: _Geometry, seed: int, stored: dict | None = None) ->
     # them with a fixed random stream, the same whether the calibration was stored or just computed
     model.shift = np.array(model.calibrated["working_set_shift"])
     model.rho = np.array([model.calibrated["rho_prefill"], model.calibrated["rho_decode"]])
+    model.temper = np.array(model.calibrated["temper"])
     model.w = w0
     _correct_marginal(model, _correction_rng(model))
     return model

@@ -41,25 +41,39 @@ class _Model:
     n_ctx: int
     kappa: np.ndarray
     stick: float
-    rho: np.ndarray          # [2, L]
+    rho: np.ndarray          # [2, L] chance that each expert of the previous token is kept (prefill, decode)
+    recall: np.ndarray       # [L] chance that a pick still free copies an expert of an earlier token
+    lag_cum: np.ndarray      # [J] cumulative law of that token's distance back: 2 + index
     partner: np.ndarray
     seg_p: float
     drift: float
     is_hash: np.ndarray
     vocab_cum: np.ndarray
+    tok_rho: float           # hash layers: chance that a token repeats an earlier token of the request
+    tok_lag_cum: np.ndarray  # [Jt] cumulative lag law of such a repeat
     hash_seed: int
     calibrated: dict
+    temper: np.ndarray = None  # [L] power of the base weights (calibrated): the long-run skew after reuse
 
     @property
     def thr(self) -> np.ndarray:
         """[L, E] threshold: expert e is in a request's working set when its score z exceeds thr."""
         return -_norm_ppf(_membership(self, self.shift))
 
+    @property
+    def w_run(self) -> np.ndarray:
+        """The base weights the kernel draws from: w^temper per layer, renormalised."""
+        if self.temper is None:
+            return self.w
+        w = self.w ** self.temper[:, None]
+        return w / w.sum(1, keepdims=True)
+
     def run(self, seed: int, n_req: int, prompt: int, decode: int) -> np.ndarray:
-        return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w, self.sigma, self.thr,
+        return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w_run, self.sigma, self.thr,
                        self.leak, self.local, self.eta, self.group_of, self.members, self.gstart, self.n_groups,
-                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.partner, self.seg_p,
-                       self.drift, self.is_hash, self.vocab_cum, np.uint64(self.hash_seed))
+                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall, self.lag_cum,
+                       self.partner, self.seg_p, self.drift, self.is_hash, self.vocab_cum, self.tok_rho, self.tok_lag_cum,
+                       np.uint64(self.hash_seed))
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:

@@ -22,10 +22,22 @@ REUSE_SHAPE_QWEN3 = ((0.0, 0.079), (6 / 47, 0.562), (7 / 47, 0.597), (18 / 47, 0
                      (1.0, 0.206))
 REUSE_SHAPE_FLAT = ((0.0, 1.0), (1.0, 1.0))
 
-_FINE_REUSE = dict(decode=0.427, prefill=0.376, shape="qwen3",
+# Prefill reuse relative to decode: Qwen3-30B-A3B 36.5 vs 41.5 % (gajsanders 005).
+PREFILL_OVER_DECODE = 36.5 / 41.5
+# How far back a recalled token lies: P(j) ~ j^-exponent for j = 2 .. LAG_MAX_TOKENS. Beyond 256 tokens a
+# request's working set, not its recency, decides what recurs (the within-d curves of §6 flatten by d = 64).
+LAG_MAX_TOKENS = 256
+
+# Qwen3-30B-A3B's long-range reuse, fitted (traces/fit_generator_locality.py) to kekzl/imp PR #1359's 80 % of
+# selections recurring within 8 tokens (3 prompts x 512 decode tokens), the lag law's exponent borrowed from
+# the Qwen3.8-Flash-Next fit (a sibling model, decode rows; PR #1359 alone cannot tell the law's shape)
+QWEN3_30B_RECALL = dict(prob=0.84, lag=dict(exponent=1.2, max_tokens=LAG_MAX_TOKENS),
+                        source="fitted to kekzl/imp PR #1359 (80 % within 8 tokens); exponent from the "
+                               "Qwen3.8-Flash-Next fit (QWEN38_REUSE: the same family, decode)")
+_FINE_REUSE = dict(decode=0.427, prefill=0.376, shape="qwen3", recall=QWEN3_30B_RECALL,
                    source="Qwen3-30B-A3B: decode mean 42.7 % (gajsanders 006, 25 prompts); prefill/decode "
                           "36.5/41.5 % (gajsanders 005) -> prefill 0.427 x 36.5/41.5 = 0.376; layer shape "
-                          "from the 006 per-layer values")
+                          "from the 006 per-layer values; recall: QWEN3_30B_RECALL")
 _FINE_UNION = dict(chunk=512, ratio=0.69, ratio_first=0.78,
                    source="a 512-token ubatch touched 72-95 (median ~84) of 128 experts per layer (llama.cpp "
                           "PR #15346, slaren; blk 0: 95) where independent draws from Qwen3-30B-A3B heat "
@@ -69,6 +81,24 @@ _QWEN3_30B_TARGETS = {
     "reuse_layers": dict(first=0.079, middle=(0.55, 0.60), last=0.206, source="gajsanders 006"),
     "union_512": dict(min=72, max=95, independent=(111, 126), source="PR #15346; §3.3 (computed)"),
     "coactivation": dict(kept_pairs_share=(0.17, 0.25), top_lift="~35 (layer 0)", source="mbolt pairs"),
+    "reuse_within_8_decode": dict(
+        kind="reuse_within", fit=True, tolerance=0.05,
+        run=dict(requests=3, prompt_tokens=0, decode_tokens=512, seeds=2),
+        protocol=dict(rows="decode"), distances=[8], measured=[0.80],
+        source="kekzl/imp PR #1359: three prompts x 512 decode tokens, 80 % of selections recur within eight tokens "
+               "(median reuse distance 2 tokens)"),
+    "reuse_next_token_decode": dict(
+        kind="reuse_within", tolerance=0.05, run=dict(requests=3, prompt_tokens=0, decode_tokens=512, seeds=2),
+        protocol=dict(rows="decode"), distances=[1], measured=[0.45],
+        source="kekzl/imp PR #1359: 45 % of selections repeat at the very next token (the preset's adjacent reuse is "
+               "gajsanders' 42.7 %, so this is a check)"),
+    "lru_shared_pool_256_cold": dict(
+        kind="lru", tolerance=0.05, run=dict(requests=1, prompt_tokens=8, decode_tokens=256, seeds=8),
+        protocol=dict(rows="all", cold="trace", keys_per_expert=3, pool="shared"),
+        capacities=[24 * 48, 73 * 48, 146 * 48, 244 * 48], measured=[0.366, 0.741, 0.894, 0.962],
+        source="kekzl/imp PR #1374: Qwen3-30B-A3B, 256 cold decode tokens after an 8-token prompt (--bench-pp 8 "
+               "--bench-reps 1), 24 / 73 / 146 / 244 slots per layer of one VRAM-sized pool (routing-traces.md §6), "
+               "3 cache keys per expert (73 slots 'is ~3 tokens' of top-8; kekzl/imp expert_cache_sim.py)"),
 }
 _QWEN3_NEXT_TARGETS = {
     "entropy_norm": dict(min=0.908, median=0.929, max=0.971, source="mbolt heat, routing-traces.md §1 #2"),
@@ -82,7 +112,63 @@ _QWEN3_NEXT_TARGETS = {
 GENERATOR_PRESETS: dict[str, dict] = {}
 
 
+# ------------------------------------------------------------------------------- measured locality (§6)
+# A measured curve and how it was measured; sim/trace/generator_targets.py re-measures it on generated traces.
+# run: the generated requests that stand for the study's runs (seeds: independent replicates, averaged);
+# protocol: its LRU (sim.trace.locality.LruProtocol); fit: the preset's reuse strengths were fitted to it
+# (traces/fit_generator_locality.py), otherwise it is a held-out check; tolerance: the allowed |error|.
+
+_DS4_ITER9 = ("lobanov/ds4 @ d978d982 issue468/artifacts/lead08_reassessment/17_iter9_profiler_correction.{md,csv}, "
+              "three_family_192 (16_iter8_actual_expert_lru.csv holds the same curve with its 1-256 slot rows)")
+_V4_VERIFIER_RUN = dict(requests=3, prompt_tokens=0, decode_tokens=95, seeds=16)
+V4_FLASH_LOCALITY = {
+    "lru_verifier_rows": dict(
+        kind="lru", fit=True, tolerance=0.05, run=_V4_VERIFIER_RUN,
+        protocol=dict(rows="decode", cold="trace", keys_per_expert=1, pool="layer"),
+        capacities=[8, 16, 32, 64, 128], measured=[0.386, 0.573, 0.723, 0.815, 0.879],
+        source=_DS4_ITER9 + ": per-layer LRU over the batched verifier's 12,212 layer records = 284 rows x 43 "
+               "layers (hash layers included) of 3 prompts x 64 emitted tokens, cold once, the prompts one after "
+               "another, prompt rows not recorded; a generated request stands for one prompt's ~95 verifier rows "
+               "(draft rows are routed like tokens)"),
+    "lru_verifier_rows_all_experts": dict(
+        kind="lru", tolerance=0.03, run=_V4_VERIFIER_RUN,
+        protocol=dict(rows="decode", cold="trace", keys_per_expert=1, pool="layer"),
+        capacities=[256], measured=[0.897],
+        source=_DS4_ITER9 + ": the 256-slot row (every expert fits): 1 - 7,555 first uses / 73,272 selections"),
+    "adjacent_verifier_rows": dict(
+        kind="adjacent", fit=True, tolerance=0.03, run=_V4_VERIFIER_RUN, protocol=dict(rows="decode"),
+        measured=0.373, source=_DS4_ITER9 + ": mean adjacent top-6 overlap of the same rows, all 43 layers"),
+    "hash_layers_on_real_text": dict(
+        kind="reuse_within", fit=True, tolerance=0.03, layers=[0, 1, 2],
+        run=dict(prompt_lengths="deepseek-v2-lite", seeds=4), protocol=dict(rows="all"),
+        distances=[1, 2, 4, 8, 16, 32, 64], measured=[0.0364, 0.071, 0.1351, 0.2512, 0.413, 0.573, 0.6903],
+        source="what a token-id-hashed layer (6 of 256 experts fixed per token) shows on the DeepSeek-V2-Lite "
+               "trace's prompt text (traces/derive_deepseek_v2_lite.py: hash_layer_reuse; ngavhane/moe-beyond @ "
+               "4dca2eac)"),
+}
+# DeepSeek V4's reuse strengths, fitted (traces/fit_generator_locality.py) to V4_FLASH_LOCALITY; V4-Pro and
+# V4.1-Flash have no measurement of their own and borrow them.
+V4_FLASH_REUSE = dict(decode=0.39, prefill=round(0.39 * PREFILL_OVER_DECODE, 4), shape="qwen3",
+                      recall=dict(prob=0.8475, lag=dict(exponent=1.3, max_tokens=LAG_MAX_TOKENS),
+                                  source="fitted to V4_FLASH_LOCALITY (lru_verifier_rows, adjacent_verifier_rows)"),
+                      source="decode fitted to V4_FLASH_LOCALITY (adjacent reuse in long requests); prefill = "
+                             "decode x 36.5/41.5 (gajsanders 005); layer shape from Qwen3-30B (gajsanders 006)")
+# The token stream of the hash-routed blocks: a token repeats one of the request's earlier tokens (lag law as
+# above, j >= 1), fitted to hash_layers_on_real_text (the exponent at the search's floor: a text repeats its
+# earlier tokens almost regardless of how far back); otherwise a fresh draw from the text's rank-frequency law
+V4_TOKEN_REPEAT = dict(prob=0.7275, lag=dict(exponent=0.3, max_tokens=LAG_MAX_TOKENS))
+
+
 def _deepseek(model: str, key: str, hottest_median_v3: float = 6.0) -> dict:
+    targets = {
+        "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3),
+                                     source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
+        "profile_union": dict(source=f"{key} hotlist: listed experts per layer (derived JSON)"),
+        "hash_layers": dict(value="near-uniform; 251-254 of 256 experts in the Flash hotlist",
+                            source="ds4 hotlist"),
+    }
+    if key == "deepseek-v4-flash":
+        targets.update(copy.deepcopy(V4_FLASH_LOCALITY))
     return _fine(
         model,
         popularity=dict(kind="derived", key=key, temper_hottest_median=hottest_median_v3,
@@ -91,21 +177,17 @@ def _deepseek(model: str, key: str, hottest_median_v3: float = 6.0) -> dict:
                                "its skew is tempered (p^tau, one tau per model) to the long-run DeepSeek-V3 "
                                "median hottest ÷ uniform of 6.0 (max per-layer frequency 1.25-5.19 %, median "
                                "2.36 % of 256, johanna-rock/moe-balance GPQA, §3.2)"),
+        reuse=V4_FLASH_REUSE,
         union=dict(chunk="profile_tokens", derived=key,
                    source=f"distinct experts per layer in the {key} hotlist profile run (one request): "
                           "the per-layer listed counts at the run's length"),
-        targets={
-            "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3),
-                                         source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
-            "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B; hash layers excluded"),
-            "profile_union": dict(source=f"{key} hotlist: listed experts per layer (derived JSON)"),
-            "hash_layers": dict(value="near-uniform; 251-254 of 256 experts in the Flash hotlist",
-                                source="ds4 hotlist"),
-        },
+        targets=targets,
         hash_layers=[0, 1, 2],
-        hash_routing=dict(vocab=129_280, zipf_exponent=1.0, zipf_offset=2.7,
-                          source="DeepSeek V4 routes blocks 0-2 by token id (tid2eid); token ids Zipf(1.0) "
-                                 "over the 129,280-token vocabulary, our choice"),
+        hash_routing=dict(vocab=129_280, tokens="deepseek-v2-lite", repeat=V4_TOKEN_REPEAT,
+                          source="DeepSeek V4 routes blocks 0-2 by token id (tid2eid, a fixed table: here a hash); "
+                                 "token ids follow the rank-frequency law of real text under a DeepSeek tokenizer "
+                                 "(the DeepSeek-V2-Lite trace's prompts: f(r) ~ r^-0.958, derived JSON) over the "
+                                 "129,280-token vocabulary; repeats: V4_TOKEN_REPEAT"),
     )
 
 
@@ -119,9 +201,10 @@ GENERATOR_PRESETS["deepseek-v4.1-flash-q2"] = _fine(
     popularity=dict(kind="generic", beta=0.8, entropy_first=0.89, entropy_mid=0.89, entropy_spread=0.02,
                     source="no V4.1 heat stored: a stretched exponential whose hottest of 384 experts is ~6x "
                            "uniform (entropy 0.89), the DeepSeek-V3 GPQA median (§3.2)"),
+    reuse=V4_FLASH_REUSE,
     targets={
         "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3), source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
-        "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
+        "reuse": dict(value="V4_FLASH_REUSE", source="borrowed from DeepSeek-V4-Flash (same router family)"),
     })
 GENERATOR_PRESETS["qwen3-30b-a3b"] = _fine(
     "qwen3-30b-a3b",
@@ -140,6 +223,29 @@ GENERATOR_PRESETS["qwen3-next-80b-a3b"] = _fine(
 # pairs apart they would put a spike of 15x the uniform density in the middle of the ranking.
 QWEN38_PROFILE_COVERAGE = ((5805, 0.692), (14384, 0.898), (14541, 0.922), (20000, 0.994))
 QWEN38_COVERAGE_POINTS = ((5805, 0.692), (14462, 0.910), (20000, 0.994))
+_IMP_2061 = ("kekzl/imp PR #2061 (a 300-token real-text generation of Qwen3.8-Flash-Next-NVFP4, decode-only "
+             "diagnostics.moe_expert_trace, replayed by tools/analysis/expert_cache_sim.py @ 6e67989: one LRU per "
+             "layer, cold, whose keys are (projection, expert), 3 per selected expert, in one slot budget; the "
+             "engine's own counter agrees, 62.7 vs 62.0 %)")
+QWEN38_LOCALITY = {
+    "lru_300_tokens": dict(
+        kind="lru", fit=True, tolerance=0.05, run=dict(requests=1, prompt_tokens=0, decode_tokens=300, seeds=16),
+        protocol=dict(rows="decode", cold="trace", keys_per_expert=3, pool="layer"),
+        capacities=[93, 186, 279, 372, 512], measured=[0.435, 0.620, 0.720, 0.789, 0.850], source=_IMP_2061),
+    "hot_pairs_long_run": dict(
+        kind="hot_pairs", tolerance=0.01, run=dict(requests=1, prompt_tokens=0, decode_tokens=20000, seeds=1),
+        fractions=[5805 / 24576], measured=[0.692],
+        source="the engine's profile (spideytznn generate.cpp @ 01dee942, 14.9 M decode lookups): the hottest 5,805 "
+               "of 24,576 pairs (23.6 %) hold 69.2 %; Qwen3-Next-80B-A3B's mbolt heat gives 56.7 % (§6), a lower "
+               "bound for the check"),
+}
+# Qwen3.8-Flash-Next's reuse strengths, fitted (traces/fit_generator_locality.py) to QWEN38_LOCALITY's LRU curve;
+# no working sets: the curve is met without them
+QWEN38_REUSE = dict(decode=0.2125, prefill=round(0.2125 * PREFILL_OVER_DECODE, 4), shape="qwen3",
+                    recall=dict(prob=0.7163, lag=dict(exponent=1.2, max_tokens=LAG_MAX_TOKENS),
+                                source="fitted to QWEN38_LOCALITY (lru_300_tokens)"),
+                    source="decode fitted to QWEN38_LOCALITY (lru_300_tokens); prefill = decode x 36.5/41.5 "
+                           "(gajsanders 005); layer shape from Qwen3-30B (gajsanders 006)")
 GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"] = _fine(
     "qwen3.8-flash-next-iq3s",
     popularity=dict(kind="coverage", points=[list(p) for p in QWEN38_COVERAGE_POINTS],
@@ -148,13 +254,14 @@ GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"] = _fine(
                            "linear between the points (the pairs of a stretch equally hot); llama.cpp PR #28544 "
                            "saw a flatter 1.3k-token window (98.6 % of slots active, hottest ~2.5x uniform) and "
                            "is kept as a documented disagreement (docs/trace-generator.md)"),
+    reuse=QWEN38_REUSE,
     union=False,
     targets={
         "profile_coverage": dict(points=[list(p) for p in QWEN38_PROFILE_COVERAGE],
                                  source="spideytznn generate.cpp @ 01dee942 (validation-cases.md)"),
         "slots_active_1300": dict(value=0.986, source="PR #28544: 98.6 % of 24,576 slots within ~1.3k tokens "
                                                       "(disagrees with the profile's tail: not met)"),
-        "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
+        **copy.deepcopy(QWEN38_LOCALITY),
     })
 # Strata's other packs of the same model route the same way (a pack changes the bytes, not the router): they
 # share the IQ3_S preset's spec, so its stored calibration and its traces.
@@ -174,6 +281,13 @@ GENERATOR_PRESETS["mixtral-8x7b"] = _fine(
         "reuse_decode_mean": dict(value=0.372, band=(0.34, 0.40), source="Mario928 files (§1 #1)"),
         "entropy_norm": dict(min=0.92, mean=0.98, max=1.0, source="Mario928 files (§1 #1)"),
         "top_k_share": dict(min=0.27, max=0.31, source="OLMoE repo Mixtral counts, top-2 (§1 #3)"),
+        "lru_humaneval_decode": dict(
+            kind="lru", tolerance=0.05, run=dict(requests=2, prompt_tokens=0, decode_tokens=169, seeds=8),
+            protocol=dict(rows="decode", cold="trace", keys_per_expert=1, pool="layer"),
+            capacities=[2, 3, 4, 5, 6], measured=[0.34, 0.48, 0.60, 0.70, 0.80],
+            source="routing-traces.md §1 #1 (computed by the project; tests/test_trace_locality.py re-measures the "
+                   "stored file): Mario928 humaneval_2_routing.jsonl, decode only, 83 + 255 tokens, one cache per "
+                   "layer, cold once; a held-out check (no reuse strength of Mixtral is fitted to it)"),
     })
 GENERATOR_PRESETS["mixtral-8x7b"]["coactivation"]["partner_prob"] = 0.0
 GENERATOR_PRESETS["olmoe-1b-7b"] = _fine(
@@ -216,6 +330,48 @@ GENERATOR_PRESETS["gpt-oss-120b"] = _fine(
         "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
     })
 GENERATOR_PRESETS["glm-5.2"]["coactivation"]["partner_prob"] = 0.15
+_V2_LITE = ("the DeepSeek-V2-Lite-Chat trace of ngavhane/moe-beyond @ 4dca2eac (1,999 teacher-forced prompts, "
+            "192,023 tokens; traces/derive_deepseek_v2_lite.py)")
+_V2_LITE_RUN = dict(prompt_lengths="deepseek-v2-lite", seeds=8)
+V2_LITE_LOCALITY = {
+    "reuse_within_prompts": dict(
+        kind="reuse_within", fit=True, tolerance=0.05, run=_V2_LITE_RUN, protocol=dict(rows="all"),
+        distances=[1, 2, 4, 8, 16, 32, 64], measured=[0.262, 0.365, 0.495, 0.647, 0.787, 0.873, 0.907],
+        source="routing-traces.md §6 (re-derived by traces/derive_deepseek_v2_lite.py: the same figures) from "
+               + _V2_LITE + "; a generated replicate is one prompt at each of the 32 length quantiles"),
+    "adjacent_prompts": dict(
+        kind="adjacent", fit=True, tolerance=0.03, run=_V2_LITE_RUN, protocol=dict(rows="all"), measured=0.265,
+        source="routing-traces.md §6: adjacent reuse 0.265 (random 0.094), " + _V2_LITE),
+    "lru_shared_pool": dict(
+        kind="lru", tolerance=0.05, run=dict(_V2_LITE_RUN, joined=True),
+        protocol=dict(rows="all", cold="trace", keys_per_expert=1, pool="shared"),
+        capacities=[166, 310, 416, 832], measured=[0.263, 0.370, 0.445, 0.704],
+        source="routing-traces.md §6: one LRU over all 1,664 (layer, expert) pairs, the prompts one after another, at "
+               "10 / 18.6 / 25 / 50 % of the pairs; " + _V2_LITE + "; the generated replicates joined into one run"),
+}
+# DeepSeek-V2-Lite's reuse strengths, fitted (traces/fit_generator_locality.py) to V2_LITE_LOCALITY
+V2_LITE_REUSE = dict(prefill=0.2675, decode=round(0.2675 / PREFILL_OVER_DECODE, 4), shape="derived",
+                     shape_key="deepseek-v2-lite",
+                     recall=dict(prob=0.4988, lag=dict(exponent=0.925, max_tokens=LAG_MAX_TOKENS),
+                                 source="fitted to V2_LITE_LOCALITY (reuse_within_prompts)"),
+                     source="prefill fitted to V2_LITE_LOCALITY (adjacent_prompts: the trace is prompt text); "
+                            "decode = prefill x 41.5/36.5 (gajsanders 005); layer shape: the trace's per-layer "
+                            "adjacent reuse (derived JSON)")
+GENERATOR_PRESETS["deepseek-v2-lite"] = _fine(
+    "deepseek-v2-lite",
+    popularity=dict(kind="derived", key="deepseek-v2-lite",
+                    source="per-layer stretched-exponential fit of " + _V2_LITE + " (normalised entropy 0.99)"),
+    reuse=V2_LITE_REUSE,
+    union=dict(chunk=32, derived="deepseek-v2-lite",
+               source="distinct experts per layer in full 32-token chunks of the prompts (46.6-56.9 of 64), "
+                      + _V2_LITE),
+    targets={"entropy_norm": dict(range=(0.990, 0.998), source=_V2_LITE),
+             "coactivation": dict(value="derived JSON: coactivation", source=_V2_LITE),
+             **copy.deepcopy(V2_LITE_LOCALITY)})
+# its trace's pairs: 14 % of pairs at lift >= 1.5, p99 of those 6.2, largest 10.2 (derived JSON, coactivation); a
+# partner probability of 0.25 gives the p99 (0.15 the share, 0.3 the largest: pairs here are groups of two)
+GENERATOR_PRESETS["deepseek-v2-lite"]["coactivation"].update(
+    partner_prob=0.25, source="fitted by hand to the kept-pair p99 lift of " + _V2_LITE)
 
 
 

@@ -293,6 +293,23 @@ def generator_honesty_table() -> str:
     return table(["preset", "statistic", "real", "generated", "error"], rows, "llrrr")
 
 
+def generator_locality_table() -> str:
+    def size(r):
+        if r["kind"] == "hot_pairs":
+            return f"hottest {100 * r['size']:.1f} % of pairs"
+        if r["kind"] == "reuse_within":
+            return f"d = {r['size']}"
+        if r["kind"] == "adjacent":
+            return "adjacent"
+        return f"{r['size']:,} slots"
+    rows = [[f"`{r['preset']}`", r["target"], size(r), f"{100 * r['measured']:.1f} %", f"{100 * r['generated']:.1f} %",
+             f"{100 * r['error']:+.1f}", f"±{100 * r['tolerance']:.0f}", "fit" if r["fit"] else "check",
+             "yes" if r["within"] else "**no**"]
+            for r in exhibit("generator-locality")["data"]["rows"]]
+    return table(["preset", "target", "size", "measured", "generated", "error (points)", "tolerance", "role",
+                  "within"], rows, "lllrrrrll")
+
+
 def _percent_or_blank(value: float | None, sign: str = "") -> str:
     """A recorded error as the replay tables print it: '' where the record has none."""
     return "" if value is None else f"{100 * value:{sign}.1f} %"
@@ -501,7 +518,8 @@ def validation_bands_table() -> str:
             + table(["case", "figure", "predicted", "p10–p90", "measured", "in band", "why not"], rows, "llrrrll"))
 
 
-REGIONS = {"replay-spread": replay_spread_table, "replay-host-load": replay_host_load_table, "validation-replay": validation_replay_table, "generator-honesty": generator_honesty_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
+REGIONS = {"replay-spread": replay_spread_table, "replay-host-load": replay_host_load_table, "validation-replay": validation_replay_table, "generator-honesty": generator_honesty_table,
+           "generator-locality": generator_locality_table, "cli": cli, "seed-scenarios": seed_scenarios, "scenario-schema": scenario_schema, "hardware-schema": hardware_schema,
            "calibration-file": calibration_file, "validation-table": validation_table,
            "ds4-reserve-table": ds4_reserve_table, "strata-658-table": strata_658_table,
            "strata-reserve-table": strata_reserve_table, "conversation-table": conversation_table,
