@@ -78,7 +78,9 @@ def test_ds4_on_unified_memory_a_bigger_cache_can_be_slower():
     # (question 3): "#1031's slot sweep and #810/#780 show smaller caches winning when memory headroom is
     # the binding constraint". A discrete card with ample RAM gains from every GB.
     def run(hardware, cache, **settings):
-        return ds4_run(decode=48, hardware=hardware, model="deepseek-v4-flash-q2",
+        # 96 tokens: long enough for the 32 GB cache's wired slots (filled as they miss) to squeeze the page
+        # cache below the run's pages; in a shorter run the slots are still filling
+        return ds4_run(decode=96, hardware=hardware, model="deepseek-v4-flash-q2",
                        flags={"ssd-streaming-cache-experts": cache}, **settings)
 
     # the Mac runs ds4's Metal backend (buffered preads, the pages kept): the 32 GB cache's wired slots leave

@@ -60,17 +60,12 @@ def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, st
 
 def generator_for(layout) -> str | None:
     """The generator preset of the model, else the first (by name) that generates its shape; None if none does."""
-    from sim.model.presets import get_preset
+    from sim.trace.generator_model import generator_shape
     from sim.trace.generator_spec import GENERATOR_PRESETS
 
     shape = (layout.n_routed_layers, layout.n_experts, layout.top_k)
-
-    def generates(name: str) -> bool:
-        gen = get_preset(GENERATOR_PRESETS[name]["model"])
-        return (gen.n_routed_layers, gen.n_experts, gen.top_k) == shape
-
     names = ([layout.name] if layout.name in GENERATOR_PRESETS else []) + sorted(GENERATOR_PRESETS)
-    return next((name for name in names if generates(name)), None)
+    return next((name for name in names if generator_shape(name) == shape), None)
 
 
 class _Notes:

@@ -41,6 +41,14 @@ def _geometry(model: str) -> _Geometry:
     return _Geometry(layout.n_routed_layers, layout.n_experts, layout.top_k)
 
 
+def generator_shape(preset: str) -> tuple[int, int, int]:
+    """The routing a generator preset makes: (routed layers, experts, top-k) of its model."""
+    from sim.trace.generator_spec import GENERATOR_PRESETS
+
+    g = _geometry(GENERATOR_PRESETS[preset]["model"])
+    return g.n_layers, g.n_experts, g.top_k
+
+
 @functools.lru_cache(maxsize=1)
 def _derived() -> dict:
     doc = json.loads(DERIVED_PATH.read_text())

@@ -105,7 +105,7 @@ class StrataProcess:
                     part_start = env.now
                     for first in range(0, len(rows), chunk):
                         block = rows[first: first + chunk]
-                        yield from self.prompt.chunk(request, step_no, block, ring)
+                        yield from self.prompt.chunk(request, step_no, block, ring, lo + first)
                         step_no += 1
                         before = fresh_done
                         fresh_done += len(block)

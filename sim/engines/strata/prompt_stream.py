@@ -12,7 +12,10 @@ group on:
            order; a group's share waits for the group, then frees its ring slots. Through the attention half
            the copy stream runs only as far ahead as the ring has slots (ATTENTION_HALF_SHARE)
 so the ring, the pinned buffers, the copy engine, the drive and the stager threads each hold the others up only
-when they are the bottleneck.
+when they are the bottleneck. A layer's attention half costs more the later its chunk's positions (the QSA indexer,
+attention.position_share); with --kv-resident below the context (K/V streamed), a QSA layer first stages the K/V of
+the cells before the chunk from the host copy on the compute stream (the KV stage buffer, strata-engine.md §4.1),
+bytes that queue on the copy engine with the expert stream.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from sim.engines.strata.memory import PINNED_STAGING_BUFFERS
+from sim.engines.strata.attention import position_share
+from sim.engines.strata.geometry import KV_BYTES_PER_CELL_LAYER, QSA_EVERY
+from sim.engines.strata.memory import PINNED_STAGING_BUFFERS, kv_streamed
+from sim.engines.strata.pricing import kv_stage_bytes
 from sim.engines.strata.startup import FILE, GPU, RAM_PAGEABLE, RAM_PINNED, SOURCE_NAMES, pair_counts
 
 STREAM_GROUP_BLOBS = 16  # blobs handed on together (our event granularity): a pinned ring's worth
@@ -46,10 +52,12 @@ class _ChunkCompute:
     order (copies arrive in order) with one event per share instead of a process resumed twice per group."""
 
     def __init__(self, stream: "PromptStream", plans: list, attention_s: float, moe_half_s: np.ndarray,
-                 ring_slots: simpy.Container, request: int, step_no: int, tokens: int, routed: np.ndarray, lent: int):
+                 ring_slots: simpy.Container, request: int, step_no: int, tokens: int, routed: np.ndarray, lent: int,
+                 kv_stage: np.ndarray):
         self.stream, self.m, self.plans, self.ring = stream, stream.run.m, plans, ring_slots
-        self.attention_s, self.moe_half_s = attention_s, moe_half_s
+        self.attention_s, self.moe_half_s, self.kv_stage = attention_s, moe_half_s, kv_stage
         self.attention_issued = False
+        self.staging = False  # a QSA layer's K/V stage is on its way: nothing after it may be issued
         self.request, self.step_no, self.tokens, self.routed, self.lent = request, step_no, tokens, routed, lent
         self.layer, self.g, self.done = 0, 0, -1  # the next group to issue, and the last expert id issued
         self.arrivals = [0] * len(plans)  # groups of each layer that have arrived
@@ -78,13 +86,29 @@ class _ChunkCompute:
             self.layer_start = start
         return start + seconds
 
+    def _staged_attention(self, n_bytes: int):
+        """The K/V stage (a copy on the compute stream: it starts when the stream reaches it), then the attention."""
+        yield from self.m.host_read(n_bytes, "prompt K/V stage from host")
+        if self.layer_start is None:
+            self.layer_start = self.m.gpu.idle_at()
+        self.staging = False
+        if self.attention_s > 0:
+            self._issue(self.attention_s, 0)
+        self.advance()
+
     def advance(self) -> None:
         """Issue every share whose group has arrived, layer by layer, and record each layer that is done."""
         E = self.stream.run.n_experts
+        if self.staging:
+            return
         while self.layer < len(self.plans):
             groups = self.plans[self.layer]
             if not self.attention_issued:
                 self.attention_issued = True
+                if self.kv_stage[self.layer]:
+                    self.staging = True
+                    self.m.env.process(self._staged_attention(int(self.kv_stage[self.layer])))
+                    return
                 if self.attention_s > 0:
                     self._issue(self.attention_s, 0)
             if self.g < len(groups):
@@ -126,8 +150,9 @@ class PromptStream:
         return [(streamed[i: i + group], int(last[n]), int(counts[0][n]), int(counts[1][n]), int(counts[2][n]))
                 for n, i in enumerate(starts)]
 
-    def chunk(self, request: int, step_no: int, rows: np.ndarray, ring: int):
-        """One batched chunk through all layers (see the module docstring: stager, copy and compute)."""
+    def chunk(self, request: int, step_no: int, rows: np.ndarray, ring: int, first_position: int):
+        """One batched chunk through all layers (see the module docstring: stager, copy and compute), its first
+        token at first_position of the conversation."""
         run, place = self.run, self.run.place
         env = run.m.env
         T = len(rows)
@@ -138,7 +163,10 @@ class PromptStream:
         group = max(1, min(STREAM_GROUP_BLOBS, ring, PINNED_STAGING_BUFFERS))
         ring_slots = simpy.Container(env, capacity=ring, init=ring)
         routed_bytes = (run.pair_blob * routed).reshape(run.n_layers, run.n_experts).sum(axis=1)
-        attention_s = T * run.prefill_token_layer_s * ATTENTION_HALF_SHARE
+        attention_s = T * run.prefill_token_layer_s * (ATTENTION_HALF_SHARE + position_share(first_position, T))
+        staged = kv_stage_bytes(first_position, KV_BYTES_PER_CELL_LAYER[run.flags.kv]) \
+            if kv_streamed(run.max_context, run.kv_cells) else 0
+        kv_stage = np.where((np.arange(run.n_layers) + 1) % QSA_EVERY == 0, staged, 0)
         moe_half_s = (T * run.prefill_token_layer_s * (1 - ATTENTION_HALF_SHARE) + run.prefill_chunk_layer_s
                       + run.m.vram_read_s(routed_bytes))
         lent = place.slots - place.loan_first if place.loan_first is not None else 0
@@ -147,7 +175,8 @@ class PromptStream:
             lo = layer * run.n_experts
             ids = lo + np.flatnonzero(streamed_mask[lo: lo + run.n_experts])
             plans.append(self._split_groups(ids, codes, group))
-        compute = _ChunkCompute(self, plans, attention_s, moe_half_s, ring_slots, request, step_no, T, routed, lent)
+        compute = _ChunkCompute(self, plans, attention_s, moe_half_s, ring_slots, request, step_no, T, routed, lent,
+                                kv_stage)
         env.process(self._stream(plans, ring_slots, compute))
         compute.advance()  # the layers before the first streamed group need nothing to arrive
         yield compute.finished
