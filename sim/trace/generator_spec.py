@@ -121,6 +121,17 @@ GENERATOR_PRESETS: dict[str, dict] = {}
 _DS4_ITER9 = ("lobanov/ds4 @ d978d982 issue468/artifacts/lead08_reassessment/17_iter9_profiler_correction.{md,csv}, "
               "three_family_192 (16_iter8_actual_expert_lru.csv holds the same curve with its 1-256 slot rows)")
 _V4_VERIFIER_RUN = dict(requests=3, prompt_tokens=0, decode_tokens=95, seeds=16)
+
+def _fitted_reuse(decode: float, recall_prob: float, lag_exponent: float, recall_fitted_to: str,
+                  decode_fitted_to: str) -> dict:
+    """Reuse strengths fitted by traces/fit_generator_locality.py: the adjacent reuse of decode (prefill scaled by
+    PREFILL_OVER_DECODE, gajsanders 005), the long-range recall and its lag law; Qwen3-30B's layer shape."""
+    return dict(decode=decode, prefill=round(decode * PREFILL_OVER_DECODE, 4), shape="qwen3",
+                recall=dict(prob=recall_prob, lag=dict(exponent=lag_exponent, max_tokens=LAG_MAX_TOKENS),
+                            source=f"fitted to {recall_fitted_to}"),
+                source=f"decode fitted to {decode_fitted_to}; prefill = decode x 36.5/41.5 (gajsanders 005); layer shape "
+                       "from Qwen3-30B (gajsanders 006)")
+
 V4_FLASH_LOCALITY = {
     "lru_verifier_rows": dict(
         kind="lru", fit=True, tolerance=0.05, run=_V4_VERIFIER_RUN,
@@ -148,11 +159,8 @@ V4_FLASH_LOCALITY = {
 }
 # DeepSeek V4's reuse strengths, fitted (traces/fit_generator_locality.py) to V4_FLASH_LOCALITY; V4-Pro and
 # V4.1-Flash have no measurement of their own and borrow them.
-V4_FLASH_REUSE = dict(decode=0.39, prefill=round(0.39 * PREFILL_OVER_DECODE, 4), shape="qwen3",
-                      recall=dict(prob=0.8475, lag=dict(exponent=1.3, max_tokens=LAG_MAX_TOKENS),
-                                  source="fitted to V4_FLASH_LOCALITY (lru_verifier_rows, adjacent_verifier_rows)"),
-                      source="decode fitted to V4_FLASH_LOCALITY (adjacent reuse in long requests); prefill = "
-                             "decode x 36.5/41.5 (gajsanders 005); layer shape from Qwen3-30B (gajsanders 006)")
+V4_FLASH_REUSE = _fitted_reuse(0.39, 0.8475, 1.3, "V4_FLASH_LOCALITY (lru_verifier_rows, adjacent_verifier_rows)",
+                               "V4_FLASH_LOCALITY (adjacent reuse in long requests)")
 # The token stream of the hash-routed blocks: a token repeats one of the request's earlier tokens (lag law as
 # above, j >= 1), fitted to hash_layers_on_real_text (the exponent at the search's floor: a text repeats its
 # earlier tokens almost regardless of how far back); otherwise a fresh draw from the text's rank-frequency law
@@ -241,11 +249,8 @@ QWEN38_LOCALITY = {
 }
 # Qwen3.8-Flash-Next's reuse strengths, fitted (traces/fit_generator_locality.py) to QWEN38_LOCALITY's LRU curve;
 # no working sets: the curve is met without them
-QWEN38_REUSE = dict(decode=0.2125, prefill=round(0.2125 * PREFILL_OVER_DECODE, 4), shape="qwen3",
-                    recall=dict(prob=0.7163, lag=dict(exponent=1.2, max_tokens=LAG_MAX_TOKENS),
-                                source="fitted to QWEN38_LOCALITY (lru_300_tokens)"),
-                    source="decode fitted to QWEN38_LOCALITY (lru_300_tokens); prefill = decode x 36.5/41.5 "
-                           "(gajsanders 005); layer shape from Qwen3-30B (gajsanders 006)")
+QWEN38_REUSE = _fitted_reuse(0.2125, 0.7163, 1.2, "QWEN38_LOCALITY (lru_300_tokens)",
+                             "QWEN38_LOCALITY (lru_300_tokens)")
 GENERATOR_PRESETS["qwen3.8-flash-next-iq3s"] = _fine(
     "qwen3.8-flash-next-iq3s",
     popularity=dict(kind="coverage", points=[list(p) for p in QWEN38_COVERAGE_POINTS],
