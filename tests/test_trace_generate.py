@@ -7,7 +7,6 @@ import functools
 import json
 import runpy
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -438,16 +437,6 @@ def test_cross_layer_dependence_is_weak(preset):
 
 
 # ------------------------------------------------------------------------------------------ speed, data
-
-
-@pytest.mark.slow
-def test_100k_token_qwen3_next_trace_is_fast():
-    generate_trace(QWEN3_NEXT, 8, 8, 0)  # compiled and calibrated
-    t = time.perf_counter()
-    trace = generate_trace(QWEN3_NEXT, 4096, 100_000 - 4096, 1)
-    elapsed = time.perf_counter() - t
-    assert trace.experts.shape == (100_000, 48, 10)
-    assert elapsed < 20, f"{elapsed:.1f} s"
 
 
 def test_derived_figures_are_compact():

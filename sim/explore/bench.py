@@ -303,9 +303,12 @@ def run_bench(decode_tokens: int = 100_000, sweeps: bool = False, quick: bool = 
 
 def _core_rows(decode_tokens: int) -> list[dict]:
     rows = []
-    start = time.perf_counter()
+    generate_trace(MODEL, 8, 8, SEED)  # the kernel compiled (or loaded from numba's cache) and the preset calibrated
+    start = time.process_time()  # CPU time: one request is one thread, and wall time moves with the machine's load
     trace = generate_trace(MODEL, PROMPT_TOKENS, decode_tokens, SEED)
-    rows.append(_row("trace_generate", round(time.perf_counter() - start, 2), "s"))
+    cpu_s = time.process_time() - start
+    # the generator's speed target: a 100K-token trace of a 48-layer top-10 model within 20 s of one core
+    rows.append(_row("trace_generate", round(cpu_s, 2), "CPU s", "< 20", cpu_s < 20))
     lookups = trace.n_lookups
     rows.append(_row("trace_tokens", trace.n_rows, "tokens", ">= 100000", trace.n_rows >= 100_000))
     rows.append(_row("lookups", lookups, "expert lookups"))

@@ -13,8 +13,9 @@ scenario in under a second and one in several (docs/design.md; tests/test_machin
 against simpy.Resource's). A job never waits for another server's job by booking: a job booked to start at
 some later time would jump ahead of the jobs issued in between. The process waits for what the job needs,
 then issues it. The one wait a server books is `synchronize`: the calling thread, blocked from the call until
-this server's own queue (whose ends are all known) is done. Work whose duration is *not* known when it starts (a read that shares an SSD
-with other reads, a copy sharing DRAM) lives in SharedBandwidth below and sim/machine/storage.py instead.
+this server's own queue (whose ends are all known) is done. Work whose duration is *not* known when it starts
+(a read that shares an SSD with other reads, a copy sharing DRAM) lives in SharedBandwidth below and
+sim/machine/storage.py instead.
 
 Each job is logged as one busy interval (start_s, end_s, bytes, ops, kind): links.parquet, the report's
 lanes and the Perfetto trace are drawn from these logs.

@@ -12,10 +12,9 @@ assumption of prompt_stream.ATTENTION_HALF_SHARE: one rate for every multiply-ad
 
 from __future__ import annotations
 
-from sim.engines.strata.geometry import QSA_LAYERS
+from sim.engines.strata.geometry import LAYERS, QSA_LAYERS
 
 # fmt: off
-LAYERS = 48                                        # Qwen3.8-Flash-Next (§2.1)
 INDEXER_MACS_PER_BLOCK = 4 * 128                   # 4 indexer heads x 128 (§2.1; prefill.cpp: q_idx rows of 512)
 CELLS_PER_BLOCK = 4                                # the indexer's pooled keys: max_blocks = cells / 4 + 2 (§4.1)
 # A token's multiply-adds per layer, averaged over the 48 layers, at the compute figure's mean position: the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.engines.strata.geometry import KV_BYTES_PER_CELL_LAYER, QSA_EVERY
+from sim.engines.strata.geometry import KV_BYTES_PER_CELL_LAYER, qsa_layers
 from sim.engines.strata.memory import pack_weights
 from sim.engines.strata.pricing import Q2_0_BLOB_BYTES
 from sim.engines.strata.startup import FILE, RAM_PINNED
@@ -91,7 +91,7 @@ class Decode:
         canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
         self.pcie_frac = pcie_frac(run.m.probe_h2d_gbps(), canonical_q2_0) if flags.pcie_frac is None \
             else flags.pcie_frac
-        self.qsa_layer = (np.arange(run.n_layers) + 1) % QSA_EVERY == 0
+        self.qsa_layer = qsa_layers(run.n_layers)
         drafts = run.scenario.engine.drafts
         widest = min(flags.spec + 2, MAX_VERIFY_TOKENS) if flags.spec else 1
         self.window_tokens = min(drafts.window_tokens, widest)

@@ -24,7 +24,7 @@ import numpy as np
 import simpy
 
 from sim.engines.strata.attention import position_share
-from sim.engines.strata.geometry import KV_BYTES_PER_CELL_LAYER, QSA_EVERY
+from sim.engines.strata.geometry import KV_BYTES_PER_CELL_LAYER, qsa_layers
 from sim.engines.strata.memory import PINNED_STAGING_BUFFERS, kv_streamed
 from sim.engines.strata.pricing import kv_stage_bytes
 from sim.engines.strata.startup import FILE, GPU, RAM_PAGEABLE, RAM_PINNED, SOURCE_NAMES, pair_counts
@@ -89,8 +89,6 @@ class _ChunkCompute:
     def _staged_attention(self, n_bytes: int):
         """The K/V stage (a copy on the compute stream: it starts when the stream reaches it), then the attention."""
         yield from self.m.host_read(n_bytes, "prompt K/V stage from host")
-        if self.layer_start is None:
-            self.layer_start = self.m.gpu.idle_at()
         self.staging = False
         if self.attention_s > 0:
             self._issue(self.attention_s, 0)
@@ -107,6 +105,8 @@ class _ChunkCompute:
                 self.attention_issued = True
                 if self.kv_stage[self.layer]:
                     self.staging = True
+                    if self.layer_start is None:  # the stage starts the layer, once the stream reaches it
+                        self.layer_start = max(self.m.env.now, self.m.gpu.idle_at())
                     self.m.env.process(self._staged_attention(int(self.kv_stage[self.layer])))
                     return
                 if self.attention_s > 0:
@@ -166,7 +166,7 @@ class PromptStream:
         attention_s = T * run.prefill_token_layer_s * (ATTENTION_HALF_SHARE + position_share(first_position, T))
         staged = kv_stage_bytes(first_position, KV_BYTES_PER_CELL_LAYER[run.flags.kv]) \
             if kv_streamed(run.max_context, run.kv_cells) else 0
-        kv_stage = np.where((np.arange(run.n_layers) + 1) % QSA_EVERY == 0, staged, 0)
+        kv_stage = np.where(qsa_layers(run.n_layers), staged, 0)
         moe_half_s = (T * run.prefill_token_layer_s * (1 - ATTENTION_HALF_SHARE) + run.prefill_chunk_layer_s
                       + run.m.vram_read_s(routed_bytes))
         lent = place.slots - place.loan_first if place.loan_first is not None else 0
