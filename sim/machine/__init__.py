@@ -34,6 +34,11 @@ __all__ = ["Machine", "Memory", "PageCache", "Server", "SharedBandwidth", "Ssd"]
 # A GPU kernel streaming weights out of VRAM reaches this share of the spec DRAM rate: llama.cpp's decode reaches
 # 80 % of the roofline on an RTX 5090 under Linux (ggml-org/llama.cpp#28196, hardware-and-gguf.md §1.2).
 VRAM_READ_EFFICIENCY = 0.80
+# Under WDDM each cross-stream event a CUDA stream waits on or records stalls that stream ~10 us: the GPU sits idle
+# while the kernel-mode driver schedules the dependency (Niko1221/Strata prefill.cpp, the comment above
+# STRATA_PREFILL_GROUP_GATHER: ~10 us a wait or record, "226 ms of a 32K prompt"). Linux's driver resolves an
+# event on the GPU, in the order of a kernel launch: not modelled (0).
+WDDM_STREAM_EVENT_S = 10e-6
 
 
 class Memory:
@@ -126,6 +131,7 @@ class Machine:
         self.sync_s = lat.device_sync_us.value * 1e-6
         self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
         self.kernel_launch_s = lat.kernel_launch_us.value * 1e-6
+        self.stream_event_s = WDDM_STREAM_EVENT_S if profile.wddm else 0.0
         self._servers: list = [self.gpu, self.h2d, self.d2h, self.d2d, self.ssd, self.dram]
 
     def threads(self, name: str, n: int = 1) -> Server:
@@ -157,6 +163,10 @@ class Machine:
         """GPU time to stream n_bytes of weights out of VRAM (a number or an array of them): compute, not a
         transfer, since nothing else queues for the GPU's memory while its stream runs the kernel."""
         return n_bytes / self.vram_read_bytes_per_s
+
+    def stream_events_s(self, n_events: int) -> float:
+        """The compute stream's idle time for n_events cross-stream waits and records issued on it."""
+        return n_events * self.stream_event_s
 
     def host_read(self, n_bytes: float, kind: str = "host read over PCIe"):
         """A kernel on the GPU stream reading n_bytes of (pinned or mapped) host memory in place, over the link:

@@ -10,7 +10,8 @@ group on:
            slots), then DMAs it (the H2D copy engine) and hands the pinned buffers back
   compute  the compute stream runs the layer's attention half (no expert is read in it), then its experts in id
            order; a group's share waits for the group, then frees its ring slots. Through the attention half
-           the copy stream runs only as far ahead as the ring has slots (ATTENTION_HALF_SHARE)
+           the copy stream runs only as far ahead as the ring has slots (ATTENTION_HALF_SHARE). The waits and
+           records the stream makes on the copy stream's events (stream_events) each idle it under WDDM
 so the ring, the pinned buffers, the copy engine, the drive and the stager threads each hold the others up only
 when they are the bottleneck. A layer's attention half costs more the later its chunk's positions (the QSA indexer,
 attention.position_share); with --kv-resident below the context (K/V streamed), a QSA layer first stages the K/V of
@@ -30,6 +31,7 @@ from sim.engines.strata.pricing import kv_stage_bytes
 from sim.engines.strata.startup import FILE, GPU, RAM_PAGEABLE, RAM_PINNED, SOURCE_NAMES, pair_counts
 
 STREAM_GROUP_BLOBS = 16  # blobs handed on together (our event granularity): a pinned ring's worth
+MMQ_GROUP_EXPERTS = 16  # routed experts per MMQ launch (prefill.cpp @ 2249c244, MMQ_GROUP)
 # A prompt layer runs its attention half (GDN or QSA) before its MoE half, and only the MoE half consumes streamed
 # experts (prefill.cpp, Prefill::run): the share of a token's compute in the attention half, from the kernels'
 # multiply-adds per token and layer (the geometry of §2.1; an assumption: the dense projections and the routed
@@ -41,6 +43,33 @@ STREAM_GROUP_BLOBS = 16  # blobs handed on together (our event granularity): a p
 # hyper-connection read 6.59 M, router 2560 -> 512 1.31 M, shared expert 3 x 2560 x 640 4.92 M, 10 routed experts x
 # 4,915,200 = 49.15 M: 61.97 M. 72.07 / (72.07 + 61.97) = 0.538.
 ATTENTION_HALF_SHARE = 0.538
+
+
+def stream_events(streamed: np.ndarray, routed: np.ndarray, *, fused: bool, grouped: bool, ring: int) -> np.ndarray:
+    """The cross-stream events the compute stream waits on or records for each of a layer's streamed experts, in
+    id order (streamed, routed: masks over the layer's experts), charged where the stream issues them
+    (Niko1221/Strata src/prefill/prefill.cpp @ 0165063d and @ 2249c244):
+      unfused   a wait for the expert's copy and a record freeing its ring entry; a ring entry no token routes to
+                is released with a record alone
+      grouped   0.1.38's grouped gather (#372; a native pack streaming every expert): the routed experts in id
+                order, resident or not, are gathered in MMQ groups of 16, one wait and one record for each group
+                with a streamed expert, at its last streamed one
+      fused     STRATA_PF_FUSED: one wait per batch of at most ring / 3 streamed experts (at the batch's last) and
+                a record per streamed expert (a batch also holds at most fused::kMaxBatch experts, a figure we
+                have not read: its waits are a lower bound, a few a layer)"""
+    routed_streamed = routed[streamed]
+    if fused:
+        per = max(1, ring // 3)
+        index = np.arange(len(routed_streamed))
+        return 1 + ((index % per == per - 1) | (index == len(index) - 1)).astype(np.int64)
+    if not grouped:
+        return np.where(routed_streamed, 2, 1).astype(np.int64)
+    mmq_group = ((np.cumsum(routed) - 1) // MMQ_GROUP_EXPERTS)[streamed]
+    mmq_group = np.where(routed_streamed, mmq_group, -1)
+    routed_group = mmq_group[routed_streamed]
+    closes = np.zeros(len(mmq_group), dtype=bool)  # the last streamed expert of its group
+    closes[np.flatnonzero(routed_streamed)] = np.append(routed_group[1:] != routed_group[:-1], True)
+    return np.where(routed_streamed, 2 * closes, 1).astype(np.int64)
 
 
 class _ChunkCompute:
@@ -117,7 +146,9 @@ class _ChunkCompute:
                 h = min(self.arrivals[self.layer], self.g + self.batch)
                 last = groups[h - 1][1]
                 slots = sum(len(groups[i][0]) for i in range(self.g, h))
-                self._issue(self.moe_half_s[self.layer] * (last - self.done) / E, slots)
+                events = sum(groups[i][5] for i in range(self.g, h))
+                self._issue(self.moe_half_s[self.layer] * (last - self.done) / E + self.m.stream_events_s(events),
+                            slots)
                 self.done, self.g = last, h
                 continue
             end = self._issue(self.moe_half_s[self.layer] * (E - 1 - self.done) / E, 0) if self.done < E - 1 else \
@@ -138,17 +169,21 @@ class PromptStream:
         self.run = run  # the StrataProcess: its figures, machine, placement and recorder
         self.stager = run.m.threads(f"strata stager ({run.knobs.stager_threads} threads)")
         self.pinned = simpy.Container(run.m.env, capacity=PINNED_STAGING_BUFFERS, init=PINNED_STAGING_BUFFERS)
+        self.native = not all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3
+                              for x in run.scenario.layout.layers)  # Strata's own Q2_0 pack has its own gather
 
-    def _split_groups(self, streamed: np.ndarray, codes: np.ndarray, group: int) -> list:
-        """A layer's streamed pairs (ascending ids) as groups: (ids, last expert id, counts by source)."""
+    def _split_groups(self, streamed: np.ndarray, codes: np.ndarray, group: int, events: np.ndarray) -> list:
+        """A layer's streamed pairs (ascending ids) as groups: (ids, last expert id, counts by source, the compute
+        stream's events)."""
         if not len(streamed):
             return []
         starts = np.arange(0, len(streamed), group)
         c = codes[streamed]
         counts = [np.add.reduceat((c == code).astype(np.int64), starts) for code in (RAM_PINNED, RAM_PAGEABLE, FILE)]
+        group_events = np.add.reduceat(events, starts)
         last = streamed[np.minimum(starts + group, len(streamed)) - 1] % self.run.n_experts
-        return [(streamed[i: i + group], int(last[n]), int(counts[0][n]), int(counts[1][n]), int(counts[2][n]))
-                for n, i in enumerate(starts)]
+        return [(streamed[i: i + group], int(last[n]), int(counts[0][n]), int(counts[1][n]), int(counts[2][n]),
+                 int(group_events[n])) for n, i in enumerate(starts)]
 
     def chunk(self, request: int, step_no: int, rows: np.ndarray, ring: int, first_position: int):
         """One batched chunk through all layers (see the module docstring: stager, copy and compute), its first
@@ -173,8 +208,11 @@ class PromptStream:
         plans = []
         for layer in range(run.n_layers):
             lo = layer * run.n_experts
-            ids = lo + np.flatnonzero(streamed_mask[lo: lo + run.n_experts])
-            plans.append(self._split_groups(ids, codes, group))
+            layer_streamed = streamed_mask[lo: lo + run.n_experts]
+            ids = lo + np.flatnonzero(layer_streamed)
+            events = stream_events(layer_streamed, routed[lo: lo + run.n_experts], fused=run.knobs.fused, ring=ring,
+                                   grouped=run.build.grouped_gather and self.native and stream_all)
+            plans.append(self._split_groups(ids, codes, group, events))
         compute = _ChunkCompute(self, plans, attention_s, moe_half_s, ring_slots, request, step_no, T, routed, lent,
                                 kv_stage)
         env.process(self._stream(plans, ring_slots, compute))
@@ -212,7 +250,7 @@ class PromptStream:
         previous = None  # the copy of the group before: its buffers free up as it runs
         for layer, groups in enumerate(plans):
             blob = int(run.layer_blob[layer])
-            for g, (ids, _, n_pin, n_pag, n_file) in enumerate(groups):
+            for g, (ids, _, n_pin, n_pag, n_file, _) in enumerate(groups):
                 n_stage = n_pag + n_file
                 if n_stage:
                     buffers = self.pinned.get(n_stage)

@@ -57,26 +57,28 @@ class Build:
     conversation_headroom: bool  # the #658 fork: the conversation budget inside the RAM headroom
     live_memory: bool  # the live-memory build: loans get RAM coverage from the resident budget
     loan_donors: bool  # live memory's current-loan coverage: a lent expert without a RAM copy takes a donor's slot
+    grouped_gather: bool  # 0.1.38 (#372): the unfused walk waits and records once per MMQ group on native packs
     source: str
 
 
 BUILDS = {b.name: b for b in (
-    Build("v0.1.35", 2048, False, False, False, False, False, False, False, False, False,
+    Build("v0.1.35", 2048, False, False, False, False, False, False, False, False, False, False,
           "Niko1221/Strata d9ab8435 (strata-engine.md §3)"),
-    Build("fork-658", 2048, False, False, False, False, False, True, True, False, False,
+    Build("fork-658", 2048, False, False, False, False, False, True, True, False, False, False,
           "spideytznn/Strata on v0.1.35: proposal #658 (seed)"),
-    Build("v0.1.39", STREAM_ALL_MIN_TOKENS_V0139, False, False, True, False, False, False, False, False, False,
+    Build("v0.1.39", STREAM_ALL_MIN_TOKENS_V0139, False, False, True, False, False, False, False, False, False, True,
           "0.1.39: #669 --prefill auto:N (the chunk list up to 32768, entries above 8192 only when asked for), "
-          "STREAM_ALL_MIN 1024; the ring still 384 pinned / 96"),
-    Build("v0.1.39b", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, False, False, False, False, False, False,
+          "STREAM_ALL_MIN 1024; the ring still 384 pinned / 96; 0.1.38's grouped prompt gather (#372)"),
+    Build("v0.1.39b", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, False, False, False, False, False, False, True,
           "0.1.39b: #583 ring byte budget and 256-token chunk bisection, #669 --prefill auto:N, STREAM_ALL_MIN 1024"),
-    Build("v0.1.40", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, False, False,
+    Build("v0.1.40", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, False, False, True,
           "0.1.40: bytes_needed_owned (2 MiB pages), #765 plan_startup_vram, on 0.1.39b"),
     Build("v0.1.40-live-guarded", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, True, False,
+          True,
           "the live-memory build's guarded borrowing (docs/LIVE_MEMORY.md, PR #726 before 'Refreshing current loan "
           "coverage'), priced as 0.1.40: lent GPU experts get RAM copies from the resident budget at startup; a lent "
           "expert without one (an adaptive swap moved a file-tier expert into a covered slot) falls back to the file"),
-    Build("v0.1.40-live", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, True, True,
+    Build("v0.1.40-live", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, True, True, True,
           "the live-memory build on 0.1.40 (docs/LIVE_MEMORY.md): lent GPU experts get RAM copies that share the "
           "resident budget; a lent expert without one takes a same-layer RAM slot's place (a donor: a GPU-backed "
           "duplicate first, else the coldest RAM-only expert) before the loan, else falls back to the file"),
