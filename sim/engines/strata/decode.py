@@ -88,8 +88,7 @@ class Decode:
         self.pool_threads = int(host.physical_cores.value)
         self.pool = run.m.threads(f"strata expert pool ({self.pool_threads} threads)")
         flags = run.flags
-        canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
-        self.pcie_frac = pcie_frac(run.m.probe_h2d_gbps(), canonical_q2_0) if flags.pcie_frac is None \
+        self.pcie_frac = pcie_frac(run.m.probe_h2d_gbps(), run.canonical_q2_0) if flags.pcie_frac is None \
             else flags.pcie_frac
         self.qsa_layer = qsa_layers(run.n_layers)
         drafts = run.scenario.engine.drafts

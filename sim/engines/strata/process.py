@@ -48,6 +48,9 @@ class StrataProcess:
         self.max_blob = int(self.layer_blob.max())
         self.total_expert_bytes = int(self.layer_blob.sum()) * self.n_experts
         self.pair_blob = np.repeat(self.layer_blob, self.n_experts)  # pair = layer * n_experts + expert
+        # Strata's canonical Q2_0 pack (its own gather kernel and a fixed PCIe share) or a pack of native GGUF
+        # quant types (MMQ's grouped gather, the probed PCIe share)
+        self.canonical_q2_0 = all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3 for x in layout.layers)
         self.layer_offsets = (np.arange(self.n_layers, dtype=np.int32) * self.n_experts)[None, :, None]
         self.max_context = self.flags.max_context
         self.kv_cells = self.flags.kv_resident_cells

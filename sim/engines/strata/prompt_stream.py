@@ -169,8 +169,6 @@ class PromptStream:
         self.run = run  # the StrataProcess: its figures, machine, placement and recorder
         self.stager = run.m.threads(f"strata stager ({run.knobs.stager_threads} threads)")
         self.pinned = simpy.Container(run.m.env, capacity=PINNED_STAGING_BUFFERS, init=PINNED_STAGING_BUFFERS)
-        self.native = not all((x.gate_type, x.up_type, x.down_type) == ("Q2_0",) * 3
-                              for x in run.scenario.layout.layers)  # Strata's own Q2_0 pack has its own gather
 
     def _split_groups(self, streamed: np.ndarray, codes: np.ndarray, group: int, events: np.ndarray) -> list:
         """A layer's streamed pairs (ascending ids) as groups: (ids, last expert id, counts by source, the compute
@@ -211,7 +209,7 @@ class PromptStream:
             layer_streamed = streamed_mask[lo: lo + run.n_experts]
             ids = lo + np.flatnonzero(layer_streamed)
             events = stream_events(layer_streamed, routed[lo: lo + run.n_experts], fused=run.knobs.fused, ring=ring,
-                                   grouped=run.build.grouped_gather and self.native and stream_all)
+                                   grouped=run.build.grouped_gather and not run.canonical_q2_0 and stream_all)
             plans.append(self._split_groups(ids, codes, group, events))
         compute = _ChunkCompute(self, plans, attention_s, moe_half_s, ring_slots, request, step_no, T, routed, lent,
                                 kv_stage)
