@@ -86,4 +86,7 @@ def test_every_event_of_the_walk_idles_the_compute_stream(monkeypatch):
         return (gpu["end_s"] - gpu["start_s"]).sum()
 
     assert compute_busy(bubbled) - compute_busy(plain) == pytest.approx(events * 10e-6, rel=1e-6)
+    state = bubbled.summary["engine_state"]
+    assert state["prompt_stream_events"] == events
+    assert state["prompt_event_stall_s"] == pytest.approx(events * 10e-6)
     assert bubbled.summary["prefill_tok_s"] < plain.summary["prefill_tok_s"]

@@ -181,6 +181,8 @@ class StrataProcess:
             "file_blob_reads_per_refill": place.file_blob_reads_per_refill(),
             "live_memory_donor_copies": int(self.loans.donor_copies),
             "stager_threads": self.knobs.stager_threads,
+            "prompt_stream_events": int(self.prompt.events),  # waits and records on the compute stream
+            "prompt_event_stall_s": self.m.stream_events_s(self.prompt.events),  # their idle time under WDDM
             "page_cache": {"capacity_gib": pc.capacity_bytes / GIB, "used_gib": pc.used_bytes / GIB,
                            "hits": pc.hits, "misses": pc.misses},
             "adaptive_swaps": int(self.decode.swaps),

@@ -147,6 +147,7 @@ class _ChunkCompute:
                 last = groups[h - 1][1]
                 slots = sum(len(groups[i][0]) for i in range(self.g, h))
                 events = sum(groups[i][5] for i in range(self.g, h))
+                self.stream.events += events
                 self._issue(self.moe_half_s[self.layer] * (last - self.done) / E + self.m.stream_events_s(events),
                             slots)
                 self.done, self.g = last, h
@@ -169,6 +170,7 @@ class PromptStream:
         self.run = run  # the StrataProcess: its figures, machine, placement and recorder
         self.stager = run.m.threads(f"strata stager ({run.knobs.stager_threads} threads)")
         self.pinned = simpy.Container(run.m.env, capacity=PINNED_STAGING_BUFFERS, init=PINNED_STAGING_BUFFERS)
+        self.events = 0  # the compute stream's cross-stream waits and records so far (stream_events)
 
     def _split_groups(self, streamed: np.ndarray, codes: np.ndarray, group: int, events: np.ndarray) -> list:
         """A layer's streamed pairs (ascending ids) as groups: (ids, last expert id, counts by source, the compute
