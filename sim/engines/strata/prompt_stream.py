@@ -56,7 +56,8 @@ def stream_events(streamed: np.ndarray, routed: np.ndarray, *, fused: bool, grou
                 with a streamed expert, at its last streamed one
       fused     STRATA_PF_FUSED: one wait per batch of at most ring / 3 streamed experts (at the batch's last) and
                 a record per streamed expert (a batch also holds at most fused::kMaxBatch experts, a figure we
-                have not read: its waits are a lower bound, a few a layer)"""
+                have not read: its waits are a lower bound, a few a layer)
+    Each event counts whole, back-to-back records too: the comment gives one figure per wait or record."""
     routed_streamed = routed[streamed]
     if fused:
         per = max(1, ring // 3)
