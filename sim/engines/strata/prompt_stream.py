@@ -65,12 +65,10 @@ def stream_events(streamed: np.ndarray, routed: np.ndarray, *, fused: bool, grou
         return 1 + ((index % per == per - 1) | (index == len(index) - 1)).astype(np.int64)
     if not grouped:
         return np.where(routed_streamed, 2, 1).astype(np.int64)
-    mmq_group = ((np.cumsum(routed) - 1) // MMQ_GROUP_EXPERTS)[streamed]
-    mmq_group = np.where(routed_streamed, mmq_group, -1)
-    routed_group = mmq_group[routed_streamed]
-    closes = np.zeros(len(mmq_group), dtype=bool)  # the last streamed expert of its group
-    closes[np.flatnonzero(routed_streamed)] = np.append(routed_group[1:] != routed_group[:-1], True)
-    return np.where(routed_streamed, 2 * closes, 1).astype(np.int64)
+    group = ((np.cumsum(routed) - 1) // MMQ_GROUP_EXPERTS)[streamed & routed]  # of each routed streamed expert
+    events = np.ones(len(routed_streamed), dtype=np.int64)  # a skipped ring entry's record
+    events[routed_streamed] = 2 * np.append(group[1:] != group[:-1], True)  # at a group's last streamed expert
+    return events
 
 
 class _ChunkCompute:
@@ -148,7 +146,6 @@ class _ChunkCompute:
                 last = groups[h - 1][1]
                 slots = sum(len(groups[i][0]) for i in range(self.g, h))
                 events = sum(groups[i][5] for i in range(self.g, h))
-                self.stream.events += events
                 self._issue(self.moe_half_s[self.layer] * (last - self.done) / E + self.m.stream_events_s(events),
                             slots)
                 self.done, self.g = last, h
@@ -206,13 +203,15 @@ class PromptStream:
         moe_half_s = (T * run.prefill_token_layer_s * (1 - ATTENTION_HALF_SHARE) + run.prefill_chunk_layer_s
                       + run.m.vram_read_s(routed_bytes))
         lent = place.slots - place.loan_first if place.loan_first is not None else 0
+        grouped = run.build.grouped_gather and not run.canonical_q2_0 and stream_all
         plans = []
         for layer in range(run.n_layers):
             lo = layer * run.n_experts
             layer_streamed = streamed_mask[lo: lo + run.n_experts]
             ids = lo + np.flatnonzero(layer_streamed)
             events = stream_events(layer_streamed, routed[lo: lo + run.n_experts], fused=run.knobs.fused, ring=ring,
-                                   grouped=run.build.grouped_gather and not run.canonical_q2_0 and stream_all)
+                                   grouped=grouped)
+            self.events += int(events.sum())
             plans.append(self._split_groups(ids, codes, group, events))
         compute = _ChunkCompute(self, plans, attention_s, moe_half_s, ring_slots, request, step_no, T, routed, lent,
                                 kv_stage)

@@ -48,40 +48,45 @@ KEY_CONV = "engine.flags.conversation-cache-mib"
 class Build:
     name: str
     stream_all_min_tokens: int
-    ring_bytes: bool  # 0.1.39b (#583): the ring is a byte budget, not a slot count
-    grid_auto: bool  # 0.1.39b: --prefill auto bisects on a 256-token grid up to max(8192, min(auto:N, ctx))
-    auto_n: bool  # #669: --prefill auto:N is parsed
-    owned_pricing: bool  # 0.1.40: owned buffers priced per cudaMalloc (2 MiB pages)
-    startup_plan: bool  # #765: the owned prompt path is booked before the cache is sized
-    independent_buffers: bool  # the #658 fork: owned buffers when spare VRAM pays for them
-    conversation_headroom: bool  # the #658 fork: the conversation budget inside the RAM headroom
-    live_memory: bool  # the live-memory build: loans get RAM coverage from the resident budget
-    loan_donors: bool  # live memory's current-loan coverage: a lent expert without a RAM copy takes a donor's slot
-    grouped_gather: bool  # 0.1.38 (#372): the unfused walk waits and records once per MMQ group on native packs
     source: str
+    # what the build does that v0.1.35 does not (each off unless named)
+    ring_bytes: bool = False  # 0.1.39b (#583): the ring is a byte budget, not a slot count
+    grid_auto: bool = False  # 0.1.39b: --prefill auto bisects on a 256-token grid up to max(8192, min(auto:N, ctx))
+    auto_n: bool = False  # #669: --prefill auto:N is parsed
+    owned_pricing: bool = False  # 0.1.40: owned buffers priced per cudaMalloc (2 MiB pages)
+    startup_plan: bool = False  # #765: the owned prompt path is booked before the cache is sized
+    independent_buffers: bool = False  # the #658 fork: owned buffers when spare VRAM pays for them
+    conversation_headroom: bool = False  # the #658 fork: the conversation budget inside the RAM headroom
+    live_memory: bool = False  # the live-memory build: loans get RAM coverage from the resident budget
+    loan_donors: bool = False  # live memory's loan coverage: a lent expert without a RAM copy takes a donor's slot
+    grouped_gather: bool = False  # 0.1.38 (#372): the unfused walk waits and records once per MMQ group, native packs
 
 
+_V0139 = dict(auto_n=True, grouped_gather=True)  # 0.1.38's grouped gather, 0.1.39's auto:N
+_V0139B = dict(_V0139, ring_bytes=True, grid_auto=True)
+_V0140 = dict(_V0139B, owned_pricing=True, startup_plan=True)
 BUILDS = {b.name: b for b in (
-    Build("v0.1.35", 2048, False, False, False, False, False, False, False, False, False, False,
-          "Niko1221/Strata d9ab8435 (strata-engine.md §3)"),
-    Build("fork-658", 2048, False, False, False, False, False, True, True, False, False, False,
-          "spideytznn/Strata on v0.1.35: proposal #658 (seed)"),
-    Build("v0.1.39", STREAM_ALL_MIN_TOKENS_V0139, False, False, True, False, False, False, False, False, False, True,
+    Build("v0.1.35", 2048, "Niko1221/Strata d9ab8435 (strata-engine.md §3)"),
+    Build("fork-658", 2048, "spideytznn/Strata on v0.1.35: proposal #658 (seed)",
+          independent_buffers=True, conversation_headroom=True),
+    Build("v0.1.39", STREAM_ALL_MIN_TOKENS_V0139,
           "0.1.39: #669 --prefill auto:N (the chunk list up to 32768, entries above 8192 only when asked for), "
-          "STREAM_ALL_MIN 1024; the ring still 384 pinned / 96; 0.1.38's grouped prompt gather (#372)"),
-    Build("v0.1.39b", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, False, False, False, False, False, False, True,
-          "0.1.39b: #583 ring byte budget and 256-token chunk bisection, #669 --prefill auto:N, STREAM_ALL_MIN 1024"),
-    Build("v0.1.40", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, False, False, True,
-          "0.1.40: bytes_needed_owned (2 MiB pages), #765 plan_startup_vram, on 0.1.39b"),
-    Build("v0.1.40-live-guarded", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, True, False,
-          True,
+          "STREAM_ALL_MIN 1024; the ring still 384 pinned / 96; 0.1.38's grouped prompt gather (#372)", **_V0139),
+    Build("v0.1.39b", STREAM_ALL_MIN_TOKENS_V0139,
+          "0.1.39b: #583 ring byte budget and 256-token chunk bisection, #669 --prefill auto:N, STREAM_ALL_MIN 1024",
+          **_V0139B),
+    Build("v0.1.40", STREAM_ALL_MIN_TOKENS_V0139,
+          "0.1.40: bytes_needed_owned (2 MiB pages), #765 plan_startup_vram, on 0.1.39b", **_V0140),
+    Build("v0.1.40-live-guarded", STREAM_ALL_MIN_TOKENS_V0139,
           "the live-memory build's guarded borrowing (docs/LIVE_MEMORY.md, PR #726 before 'Refreshing current loan "
           "coverage'), priced as 0.1.40: lent GPU experts get RAM copies from the resident budget at startup; a lent "
-          "expert without one (an adaptive swap moved a file-tier expert into a covered slot) falls back to the file"),
-    Build("v0.1.40-live", STREAM_ALL_MIN_TOKENS_V0139, True, True, True, True, True, False, False, True, True, True,
+          "expert without one (an adaptive swap moved a file-tier expert into a covered slot) falls back to the file",
+          **_V0140, live_memory=True),
+    Build("v0.1.40-live", STREAM_ALL_MIN_TOKENS_V0139,
           "the live-memory build on 0.1.40 (docs/LIVE_MEMORY.md): lent GPU experts get RAM copies that share the "
           "resident budget; a lent expert without one takes a same-layer RAM slot's place (a donor: a GPU-backed "
-          "duplicate first, else the coldest RAM-only expert) before the loan, else falls back to the file"),
+          "duplicate first, else the coldest RAM-only expert) before the loan, else falls back to the file",
+          **_V0140, live_memory=True, loan_donors=True),
 )}
 
 
