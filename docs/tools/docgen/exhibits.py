@@ -857,6 +857,11 @@ HONESTY_STATS = (("reuse_prefill_mean", "adjacent-token reuse, prefill"), ("reus
                  ("hottest_over_uniform_max", "hottest expert / uniform (max over layers)"))
 
 
+# Exhibits drawn from real data outside the repository (../shared/data, beside the checkout in CI): the file each reads
+MIXTRAL_ROUTING = ROOT.parent / "shared" / "data" / "mixtral-routing" / "routing_raw.jsonl"
+SHARED_DATA = {"generator-honesty": MIXTRAL_ROUTING}
+
+
 @exhibit("generator-honesty")
 def generator_honesty() -> Exhibit:
     """The generator against real routing: the Mixtral per-token trace of ../shared/data (the same prompt and
@@ -865,8 +870,7 @@ def generator_honesty() -> Exhibit:
     from sim.trace.importers import import_trace
     from sim.trace.stats import trace_stats
 
-    real_path = ROOT.parent / "shared" / "data" / "mixtral-routing" / "routing_raw.jsonl"
-    real = trace_stats(import_trace(real_path, n_experts=8))["summary"]
+    real = trace_stats(import_trace(MIXTRAL_ROUTING, n_experts=8))["summary"]
     ours = trace_stats(generate_trace("mixtral-8x7b", 135, 83, 0, requests=8))["summary"]
     rows = []
     for key, what in HONESTY_STATS:
