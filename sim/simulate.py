@@ -52,9 +52,10 @@ def safe_rate(numerator: float, seconds: float) -> float:
     return float(numerator / seconds) if seconds > 0 else float("nan")
 
 
-def hit_rate(frame: pd.DataFrame) -> float:
+def hit_rate(frame: pd.DataFrame) -> float | None:
+    """Hits per cache lookup; None where nothing was looked up (an engine without an expert cache)."""
     lookups = frame["lookups"].sum()
-    return float(frame["hits"].sum() / lookups) if lookups else float("nan")
+    return float(frame["hits"].sum() / lookups) if lookups else None
 
 
 def extent_bytes(layout) -> np.ndarray:
@@ -120,7 +121,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None) -> Run
         "decode_hit_rate": hit_rate(decode),
         "prefill_hit_rate": hit_rate(prefill),
         "belady_decode_hit_rate": bound,
-        "belady_gap": None if bound is None else bound - hit_rate(decode),
+        "belady_gap": None if bound is None or hit_rate(decode) is None else bound - hit_rate(decode),
         "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
         "simulated_s": elapsed,
         "simulated_events": env.events_scheduled,

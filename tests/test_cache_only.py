@@ -210,7 +210,7 @@ ENGINE = '[engine]\nname = "replay"'
     ({SLOTS: f'{SLOTS}\nprofile = "p.csv"'}, "engine.flags.profile = p.csv: read only by policy static"),
     ({'policy = "lru"': 'policy = "static"\nprofile = "p.csv"'}, "engine.flags.profile = p.csv: no such file"),
     ({ENGINE: f'{ENGINE}\nvariant = "x"'}, "engine.variant = x: unknown replay engine key"),
-    ({ENGINE: '[engine]\nname = "replays"'}, "engine.name = replays: must be one of 'ds4', 'strata', 'replay'"),
+    ({ENGINE: '[engine]\nname = "replays"'}, "engine.name = replays: must be one of 'ds4', 'strata', 'llama.cpp', 'replay'"),
 ])
 def test_bad_replay_settings_fail_in_one_line(tmp_path, edits, expected):
     text = SCENARIO.read_text().replace('"rtx-5090-48gb-windows"', f'"{HARDWARE}"')

@@ -35,6 +35,7 @@ class Direction:
 
 SHORT_DS4 = {"workload.requests": [{"prompt_tokens": 2048, "decode_tokens": 24, "measured": True}]}
 SHORT_STRATA = {"workload.requests": [{"prompt_tokens": 16384, "decode_tokens": 16, "measured": True}]}
+SHORT_LLAMA = {"workload.requests": [{"prompt_tokens": 2048, "decode_tokens": 8, "measured": True}]}
 
 DIRECTIONS = {
     ("ds4", "engine.variant"): Direction(
@@ -86,6 +87,27 @@ DIRECTIONS = {
         "engine.flags.conversation-cache-mib", "conversation-aba.toml", 0, 2048, {"ttft_s": DOWN},
         "strata-engine.md §3.7: a parked conversation's K/V and state are restored from RAM when it returns; "
         "without the cache its turn re-reads the whole conversation as a prompt", {}),
+    ("llama.cpp", "engine.flags.n-cpu-moe"): Direction(
+        "engine.flags.n-cpu-moe", "llamacpp-qwen3.8-ncmoe.toml", 32, 44,
+        {"decode_tok_s": DOWN, "vram_peak_mib": DOWN},
+        "llamacpp-engine.md §4: each MoE layer whose experts sit in host RAM adds its k experts to the CPU's read of "
+        "every token, and takes its expert tensors off the GPU", SHORT_LLAMA),
+    ("llama.cpp", "engine.flags.ubatch-size"): Direction(
+        "engine.flags.ubatch-size", "llamacpp-qwen3.8-ncmoe.toml", 512, 2048, {"prefill_tok_s": UP},
+        "llamacpp-engine.md §5.3: op offload copies a CPU layer's used experts once per ubatch, so a larger ubatch "
+        "pays that copy for more tokens", SHORT_LLAMA),
+    ("llama.cpp", "engine.flags.load-mode"): Direction(
+        "engine.flags.load-mode", "llamacpp-qwen3.8-ncmoe.toml", "auto", "none", {"prefill_tok_s": UP, "ram_peak_mib": UP},
+        "llamacpp-engine.md §2.2, §5.5: without the mapping the CPU experts are read into a pinned CUDA_Host buffer, "
+        "which op offload copies at the pinned rate, and which RAM must hold", SHORT_LLAMA),
+    ("llama.cpp", "engine.flags.no-op-offload"): Direction(
+        "engine.flags.no-op-offload", "llamacpp-qwen3.8-ncmoe.toml", False, True, {"prefill_tok_s": DOWN},
+        "llamacpp-engine.md §5.4: --no-op-offload keeps every ubatch's expert matmuls on the CPU's -tb threads, a pass "
+        "over each selected expert per token where the GPU would take a copy of the ubatch's used experts", SHORT_LLAMA),
+    ("llama.cpp", "engine.variant"): Direction(
+        "engine.variant", "llamacpp-qwen3.8-ncmoe.toml", "mainline-pre-15346", "mainline", {"prefill_tok_s": UP},
+        "llama.cpp PR #15346: op offload copies only the experts the ubatch uses, where it copied every expert of "
+        "each CPU layer", SHORT_LLAMA),
     ("replay", "engine.flags.slots"): Direction(
         "engine.flags.slots", "replay-qwen3.8-lru.toml", 64, 256, {"decode_hit_rate": UP, "prefill_hit_rate": UP},
         "LRU is a stack algorithm (Mattson et al. 1970): a bigger cache holds everything a smaller one holds, so "

@@ -161,7 +161,7 @@ def test_preset_names_are_exactly_the_agreed_ones():
         "deepseek-v4.1-flash-q2",
         "qwen3.8-flash-next-iq3s", "qwen3.8-flash-next-q2_0", "qwen3.8-flash-next-iq3xxs",
         "qwen3.8-flash-next-huihui-iq3s", "qwen3.8-flash-next-iq2xs", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "mixtral-8x7b", "olmoe-1b-7b",
-        "glm-5.2", "gpt-oss-120b"])
+        "glm-5.2", "gpt-oss-120b", "gpt-oss-20b", "qwen3.6-35b-a3b", "glm-4.7-flash"])
     assert all(get_preset(name) is PRESETS[name] and PRESETS[name].name == name for name in preset_names())
 
 
@@ -245,6 +245,11 @@ def test_gpt_oss_experts_are_mxfp4():
     ("mixtral-8x7b", 46.7e9, 0.95),
     # A 7B model's embeddings (2 x 50,304 x 2048) and attention (16 x 4 x 2048^2) are 7 % of it.
     ("olmoe-1b-7b", 6.9e9, 0.93),
+    # Smaller models again: their embeddings (2 x 201,088 x 2880 for gpt-oss, 2 x 154,880 x 2048 and a dense block for
+    # GLM-4.7-Flash) and attention are 8-11 % of them.
+    ("gpt-oss-20b", 20.9e9, 0.9),
+    ("qwen3.6-35b-a3b", 35e9, 0.9),
+    ("glm-4.7-flash", 31e9, 0.89),
 ])
 def test_routed_params_match_advertised_sizes(name, advertised_params, min_share):
     preset = get_preset(name)

@@ -25,7 +25,8 @@ from sim.trace.format import Trace, TraceHeader, write_trace
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
 EXPECTED = {"ds4-504-slab", "ds4-504-per-class", "strata-658-borrow", "strata-658-own", "strata-658-auto-borrow",
-            "strata-658-auto-own", "conversation-aba", "glm52-mtp-slab", "glm52-mtp-per-class", "replay-qwen3.8-lru"}
+            "strata-658-auto-own", "conversation-aba", "glm52-mtp-slab", "glm52-mtp-per-class", "replay-qwen3.8-lru",
+            "llamacpp-qwen3.8-ncmoe"}
 
 
 def test_the_seed_scenarios_ship():

@@ -1,8 +1,9 @@
 """The engines, each a package on the engine spec (sim/engines/base.py), registered here.
 
-    ds4     sim/engines/ds4/     antirez/ds4 SSD streaming (CUDA/ROCm, Metal), PR #504 and its successors
-    strata  sim/engines/strata/  Strata v0.1.35 .. 0.1.40, the live-memory builds, the #658 fork
-    replay  sim/engines/replay/  no engine: the routing through one `expertsim cache` cache, untimed
+    ds4        sim/engines/ds4/       antirez/ds4 SSD streaming (CUDA/ROCm, Metal), PR #504 and its successors
+    strata     sim/engines/strata/    Strata v0.1.35 .. 0.1.40, the live-memory builds, the #658 fork
+    llama.cpp  sim/engines/llamacpp/  llama.cpp and ik_llama.cpp with experts in host RAM (--n-cpu-moe, op offload)
+    replay     sim/engines/replay/    no engine: the routing through one `expertsim cache` cache, untimed
 
 Adding an engine is its package and one line in ENGINES (docs/add-an-engine.md); tests/test_engine_contract.py
 holds every registered engine to the spec. Registration checks it too: an engine that lacks a member fails here,
@@ -18,6 +19,7 @@ from pydantic import Field
 
 from sim.engines.base import Engine, spec_problems
 from sim.engines.ds4 import Ds4
+from sim.engines.llamacpp import LlamaCpp
 from sim.engines.replay import Replay
 from sim.engines.strata import Strata
 
@@ -31,7 +33,7 @@ def register(*engines: Engine) -> dict[str, Engine]:
     return {engine.name: engine for engine in engines}
 
 
-ENGINES: Mapping[str, Engine] = register(Ds4(), Strata(), Replay())
+ENGINES: Mapping[str, Engine] = register(Ds4(), Strata(), LlamaCpp(), Replay())
 
 
 def names() -> tuple[str, ...]:

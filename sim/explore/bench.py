@@ -62,7 +62,7 @@ def _libcachesim_lru_seconds(trace, capacity: int) -> tuple[float, float] | None
 
 
 SEED_SCENARIOS = ("ds4-504-slab", "ds4-504-per-class", "strata-658-borrow", "strata-658-own",
-                  "strata-658-auto-borrow", "strata-658-auto-own")
+                  "strata-658-auto-borrow", "strata-658-auto-own", "llamacpp-qwen3.8-ncmoe")
 
 
 def seed_scenario_paths() -> list[Path]:

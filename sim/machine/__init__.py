@@ -152,6 +152,18 @@ class Machine:
         copies and DMA in flight. Issued now; the event fires when it is done, the thread server logs it."""
         return self._dram_job(thread, n_bytes, n_bytes, n_threads * self.expert_kernel_bytes_per_s, kind)
 
+    def cpu_expert_matmul(self, thread: Server, read_bytes: float, work_bytes: float, n_threads: int,
+                          kind: str = "CPU expert matmul") -> simpy.Event:
+        """`n_threads` cores multiplying a batch of tokens by experts in host RAM (llama.cpp's mul_mat_id on the
+        CPU): each distinct expert's weights come out of DRAM once (read_bytes), while the dot products pass over
+        work_bytes of weights (an expert's bytes once per token routed to it) at the profile's expert kernel rate
+        per core. A DRAM job of the bytes read that lasts at least work_bytes / (n_threads x that rate); with one
+        token the two are equal and this is `cpu_kernel`."""
+        if work_bytes <= 0:
+            return self.env.timeout(0)
+        cap = n_threads * self.expert_kernel_bytes_per_s * read_bytes / work_bytes
+        return self._dram_job(thread, read_bytes, work_bytes, cap, kind)
+
     def _dram_job(self, thread: Server, traffic: float, n_bytes: float, cap_bytes_per_s: float,
                   kind: str) -> simpy.Event:
         start = self.env.now

@@ -63,6 +63,17 @@ _DS4_Q4_LAYERS = range(37, 43)
 _QWEN38_MIX = (("IQ4_XS", 2), ("IQ3_S", 3), ("IQ3_XXS", 6), ("IQ2_S", 37))
 
 
+def _q4_k_m(n_blocks: int) -> Recipe:
+    """llama.cpp's Q4_K_M for expert tensors: Q4_K gate and up; ffn_down at Q6_K in the blocks use_more_bits picks
+    (the first and last eighth and every third block between), else Q4_K (src/llama-quant.cpp, llama_tensor_get_type;
+    the layer counted as the block, which the ffn_down_exps tensors of an all-MoE model share)."""
+    def more_bits(block: int) -> bool:
+        eighth = n_blocks // 8
+        return block < eighth or block >= 7 * n_blocks // 8 or (block - eighth) % 3 == 2
+
+    return lambda block: ("Q4_K", "Q4_K", "Q6_K" if more_bits(block) else "Q4_K")
+
+
 def _edges_first_recipe(n_blocks: int, mix: tuple[tuple[str, int], ...], down: str) -> Recipe:
     order = [block for pair in zip(range(n_blocks), reversed(range(n_blocks))) for block in pair]
     order = list(dict.fromkeys(order))  # drop the repeats once the two ends meet
@@ -170,6 +181,26 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
     _layout("gpt-oss-120b",
             "hardware-and-gguf.md §3.1 (MXFP4 experts) and §4 (transformers GptOssConfig)",
             n_blocks=36, n_experts=128, top_k=4, n_shared=0, hidden=2880, expert_width=2880,
+            recipe=_uniform("MXFP4", "MXFP4")),
+    # Qwen3.6-35B-A3B: the Qwen3.5-35B-A3B geometry (hardware-and-gguf.md §4, alibaba/InferSim
+    # qwen3.5-35B-A3B_config.json: 40 layers, 256 experts, top-8, 1 shared of width 512, hidden 2048, moe width 512);
+    # the 3.6 release's 256 experts per layer (llamacpp-engine.md §11 P22) agree, the rest is assumed unchanged.
+    _layout("qwen3.6-35b-a3b",
+            "hardware-and-gguf.md §4 (the Qwen3.5-35B-A3B config; 3.6 assumed the same); quant: llama.cpp's Q4_K_M rule "
+            "for the expert tensors",
+            n_blocks=40, n_experts=256, top_k=8, n_shared=1, hidden=2048, expert_width=512, recipe=_q4_k_m(40)),
+    # GLM-4.7-Flash: hardware-and-gguf.md §4 (THUDM/slime glm4.7-30B-A3B.sh): 47 layers, block 0 dense, 64 experts,
+    # top-4, 1 shared, hidden 2048, moe width 1536.
+    _layout("glm-4.7-flash",
+            "hardware-and-gguf.md §4 (THUDM/slime scripts/models/glm4.7-30B-A3B.sh); quant: llama.cpp's Q4_K_M rule "
+            "for the expert tensors",
+            n_blocks=47, n_experts=64, top_k=4, n_shared=1, hidden=2048, expert_width=1536, recipe=_q4_k_m(47),
+            dense=range(0, 1)),
+    # gpt-oss-20b: hardware-and-gguf.md §4 (EchoCog/gpt-oss-20b architecture notes): 24 layers, 32 experts, top-4,
+    # hidden 2880, width 2880, the same MXFP4 experts (12.61 MiB each, §4.1); biases not counted, as for 120b.
+    _layout("gpt-oss-20b",
+            "hardware-and-gguf.md §3.1 (MXFP4 experts) and §4 (EchoCog/gpt-oss-20b docs/gpt-oss-20b-architecture.md)",
+            n_blocks=24, n_experts=32, top_k=4, n_shared=0, hidden=2880, expert_width=2880,
             recipe=_uniform("MXFP4", "MXFP4")),
 )})
 

@@ -79,13 +79,15 @@ class _Notes:
         self.tables: dict[tuple, str] = {}
         self.unset: dict[tuple, list[tuple[str, str]]] = {}  # per table: keys left unset, and what they are
         self.others: dict[tuple, str] = {}  # per table: the undocumented keys, at their defaults, in one line
+        self.started: set[tuple] = set()  # keys the engine's starting settings write (Engine.starting_settings)
 
     def line(self, path: tuple, changed: set[tuple]) -> str:
         what = self.what.get(path, "")
         if path in self.engine_default:
             default = self.engine_default[path]
             shown = "unset" if default is None else toml_value(default)
-            status = f"[set here; {self.owner} default: {shown}]" if path in changed else f"[{self.owner} default]"
+            status = f"[set here; {self.owner} default: {shown}]" if path in changed | self.started else \
+                f"[{self.owner} default]"
         else:
             status = "[set here]" if path in changed else ""
         return " ".join(filter(None, [what, status])) or "set here"
@@ -227,6 +229,7 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     for key, (value, what) in spec.starting_settings(layout, profile).items():
         flags[key] = value
         notes.what[("engine", "flags", key)] = what
+        notes.started.add(("engine", "flags", key))
     engine_table["flags"] = flags
     if "env" in fields:
         notes.tables[("engine", "env")] = f"{notes.owner} environment variables, as strings"

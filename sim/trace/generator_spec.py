@@ -334,6 +334,26 @@ GENERATOR_PRESETS["gpt-oss-120b"] = _fine(
         "union_512": dict(min=72, max=95, source="PR #15346"),
         "reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B"),
     })
+# gpt-oss-20b: nothing of its routing is stored; the same stand-ins as gpt-oss-120b's, with the default working sets
+# (_FINE_UNION: fitted on #15346's 512-token ubatch log of gpt-oss-120b).
+GENERATOR_PRESETS["gpt-oss-20b"] = _fine(
+    "gpt-oss-20b",
+    popularity=dict(kind="generic", beta=0.8, entropy_first=0.947, entropy_mid=0.89, entropy_spread=0.02,
+                    source="no gpt-oss heat stored: Qwen3-30B-A3B-like (§1 #2 medians, layer 0 flattest)"),
+    targets={"reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B")})
+# Qwen3.6-35B-A3B and GLM-4.7-Flash: nothing of their routing is stored. Stand-ins: Qwen3-30B-A3B's medians for the
+# Qwen (a 256-expert sibling), OLMoE's measured popularity and reuse for GLM-4.7-Flash (the other 64-expert model).
+GENERATOR_PRESETS["qwen3.6-35b-a3b"] = _fine(
+    "qwen3.6-35b-a3b",
+    popularity=dict(kind="generic", beta=0.8, entropy_first=0.947, entropy_mid=0.89, entropy_spread=0.02,
+                    source="no Qwen3.6 heat stored: Qwen3-30B-A3B-like (§1 #2 medians, layer 0 flattest)"),
+    targets={"reuse_decode_mean": dict(value=0.427, source="borrowed from Qwen3-30B-A3B")})
+GENERATOR_PRESETS["glm-4.7-flash"] = _fine(
+    "glm-4.7-flash",
+    popularity=dict(GENERATOR_PRESETS["olmoe-1b-7b"]["popularity"],
+                    source="no GLM-4.7-Flash heat stored: OLMoE-1B-7B's (64 experts too), see its preset"),
+    reuse=dict(GENERATOR_PRESETS["olmoe-1b-7b"]["reuse"], source="borrowed from OLMoE-1B-7B (colibri route200)"),
+    targets={"reuse_decode_mean": dict(value=0.422, source="borrowed from OLMoE-1B-7B")})
 GENERATOR_PRESETS["glm-5.2"]["coactivation"]["partner_prob"] = 0.15
 _V2_LITE = ("the DeepSeek-V2-Lite-Chat trace of ngavhane/moe-beyond @ 4dca2eac (1,999 teacher-forced prompts, "
             "192,023 tokens; traces/derive_deepseek_v2_lite.py)")

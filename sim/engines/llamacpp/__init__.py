@@ -1,0 +1,92 @@
+"""llama.cpp and ik_llama.cpp with the routed experts of some MoE layers in host RAM (--cpu-moe, --n-cpu-moe N,
+-ot exps=CPU): decode's expert matmuls on the CPU, large prompt ubatches copying the experts they use to the GPU (op
+offload). ../shared/reference/llamacpp-engine.md (llama.cpp @ 34af94cd9, ik_llama.cpp @ 8337e4cd).
+
+    settings.py  the [engine] table, the variants, placement by override regexes, every knob parsed once (Knobs)
+    weights.py   the non-expert weights and K/V of each supported file      memory.py  the load's memory plan
+    search.py    plan's knobs                                               process.py the SimPy process
+"""
+
+from __future__ import annotations
+
+from sim.engines.base import Engine, MemoryPlan, SearchAxis
+from sim.engines.llamacpp import search
+from sim.engines.llamacpp.settings import ONLY_IN, VARIANTS, Knobs, Settings
+from sim.errors import InputError
+
+
+class LlamaCpp(Engine):
+    name = "llama.cpp"
+    label = "llama.cpp"
+    description = "llama.cpp with experts in host RAM (--n-cpu-moe, op offload)"
+    Settings = Settings
+    variants = VARIANTS
+    default_objective = "decode_tok_s"
+    knobs = search.KNOBS
+    context_key = "engine.flags.ctx-size"
+    only_in = ONLY_IN
+    notes = {"engine.flags.n-cpu-moe": "mainline: the experts of blocks 0..N-1 in host RAM; ik_llama.cpp: the last N "
+                                       "MoE layers",
+             "engine.flags.override-tensor": 'list of "REGEX=BUFFER" (exps=CPU, blk\\.1[0-9]\\.ffn_.*=CUDA0): the '
+                                             "first match wins, before --cpu-moe and --n-cpu-moe"}
+
+    def validate(self, scenario, where: str) -> None:
+        """llama.cpp's refusals at load (an unknown buffer type, a pinned buffer RAM cannot hold) and what the model does
+        not run; a placement the GPU cannot hold is the plan's `why_no_cache`, refused when the run starts."""
+        from sim.engines.llamacpp.memory import plan_memory
+
+        profile, engine = scenario.hardware_profile, scenario.engine
+        if profile.is_unified or profile.gpu.api == "metal":
+            raise InputError(where, "hardware", profile.name, "llama.cpp is modelled with a discrete CUDA or ROCm GPU "
+                                                              "(experts in host RAM behind PCIe)")
+        flags = engine.flags.model_dump(by_alias=True, exclude_defaults=True)
+        env = engine.env.model_dump(exclude_none=True)
+        for name in list(flags) + list(env):
+            builds = ONLY_IN.get(name)
+            if builds and engine.variant not in builds:
+                table = "flags" if name in flags else "env"
+                raise InputError(where, f"engine.{table}.{name}", flags.get(name, env.get(name)),
+                                 f"read only by {', '.join(builds)}; this scenario runs {engine.variant}")
+        plan_memory(scenario, Knobs.of(scenario, where), where)  # refusals of the load itself (pinning)
+
+    def plan_memory(self, scenario, domain=None) -> MemoryPlan:
+        from sim.engines.llamacpp.memory import plan_memory
+
+        where = str(scenario.path or "scenario")
+        return plan_memory(scenario, Knobs.of(scenario, where), where)
+
+    def search_space(self, data: dict) -> list[SearchAxis]:
+        from sim.model.presets import PRESETS
+
+        layout = PRESETS.get(data.get("model")) if isinstance(data.get("model"), str) else None
+        return search.search_space(data, layout.n_routed_layers if layout is not None else 48)
+
+    def context_tokens(self, settings) -> int | None:
+        return settings.flags.ctx_size
+
+    def default_variant(self, layout, compute_key: str | None) -> str | None:
+        return "mainline"
+
+    def runs(self, layout, compute_key: str | None) -> str | None:
+        from sim.engines.llamacpp.weights import file_weights
+
+        if compute_key is None:  # the profile has no GPU figures for the model class: nothing timed can run
+            return None
+        try:
+            file_weights(layout, "model")
+        except InputError:
+            return None
+        return "llama.cpp runs it with the experts that do not fit the GPU in host RAM (--n-cpu-moe)"
+
+    def starting_settings(self, layout, profile) -> dict:
+        n = layout.n_routed_layers
+        return {"n-cpu-moe": (n, f"all {n} MoE layers' experts in host RAM, which fits any card; `expertsim plan` "
+                                 "finds how many can move to the GPU")}
+
+    def process(self, scenario, routing, recorder, machine, domain):
+        from sim.engines.llamacpp.process import LlamaCppProcess
+
+        return LlamaCppProcess(scenario, routing, recorder, machine, domain)
+
+
+__all__ = ["LlamaCpp", "Settings"]

@@ -1,0 +1,80 @@
+"""llama.cpp's memory at load, in the order it allocates (the reference's §2.2, §5.1, §6): the runtime, the weights on
+the GPU (non-expert tensors and the expert tensors nobody overrode to the CPU), the K/V cache of the context, and
+the compute buffer; in host RAM, the CPU experts when they are read into a buffer (--load-mode none: pinned, or
+plain RAM with GGML_CUDA_NO_PINNED; ik_llama.cpp's default). In the file mapping (mainline's default) they are
+page-cache pages: no allocation.
+
+The GPU refusing an allocation is llama.cpp's refusal to load ("CUDA error: out of memory"): the plan says why
+(plan prunes such a placement) and the run refuses to start. A pinned buffer larger than the RAM available fails
+the load too (ollama #11772: pinning 15 GB of experts failed with CUDA out of memory): refused with the scenario.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engines.base import Allocation, MemoryPlan
+from sim.engines.llamacpp.settings import KEY_NCMOE, Knobs
+from sim.engines.llamacpp.weights import file_weights
+from sim.errors import InputError
+from sim.units import GIB
+
+FP32_BYTES = 4
+# The compute buffer holds a ubatch's activations; llama.cpp sizes it from a worst-case graph whose figure is not in
+# our notes. Counted: the ubatch's hidden state in and out of a layer (fp32), and, under op offload, the staging
+# tensor of one CPU expert tensor (§3: the offloaded gate, up and down reuse one compute-buffer space). A lower bound.
+ACTIVATION_COPIES = 2
+
+
+HOST_WORDS = {"mapped": "file mapping, pageable", "pinned": "pinned CUDA_Host buffer", "ram": "pageable RAM buffer"}
+
+
+def part_bytes(layout) -> np.ndarray:
+    """int64 [routed layers, 3]: bytes of one expert's gate, up and down slices."""
+    return np.array([[x.gate_bytes, x.up_bytes, x.down_bytes] for x in layout.layers], np.int64)
+
+
+@dataclass(frozen=True)
+class LlamaMemory(MemoryPlan):
+    cpu_expert_bytes: int = 0  # every expert slice in host memory
+    staging_bytes: int = 0  # one CPU expert tensor staged on the GPU under op offload
+
+
+def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
+    layout, profile = scenario.layout, scenario.hardware_profile
+    weights = file_weights(layout, where)
+    parts = part_bytes(layout) * layout.n_experts  # whole tensors
+    cpu_bytes = int(parts[knobs.on_cpu].sum())
+    gpu_expert_bytes = int(parts[~knobs.on_cpu].sum())
+    offloading = knobs.op_offload and knobs.on_cpu.any()
+    staging = int(parts[knobs.on_cpu].max()) if offloading else 0
+    activations = ACTIVATION_COPIES * knobs.ubatch * layout.hidden * FP32_BYTES
+    allocations = [Allocation("vram", "runtime reserved (driver, context)", profile.runtime_reserved_bytes),
+                   Allocation("vram", "non-expert weights", weights.gpu_bytes),
+                   Allocation("vram", "expert tensors on the GPU", gpu_expert_bytes),
+                   Allocation("vram", "K/V cache and recurrent state",
+                              knobs.ctx * weights.kv_bytes_per_token + weights.state_bytes),
+                   Allocation("vram", "compute buffer", activations + staging)]
+    vram_used = sum(a.bytes for a in allocations)
+    why = None
+    if vram_used > profile.vram_bytes:
+        why = (f"llama.cpp would fail to load: CUDA error: out of memory ({vram_used / GIB:.2f} GiB of "
+               f"{profile.vram_bytes / GIB:.2f} GiB): put more expert layers on the CPU (--n-cpu-moe), or lower "
+               "--ctx-size / --ubatch-size")
+    if knobs.host != "mapped" and cpu_bytes:
+        kind = "pinned CUDA_Host" if knobs.pinned else "pageable RAM"
+        allocations.append(Allocation("ram", f"CPU experts ({kind})", cpu_bytes))
+        available = profile.ram_bytes - profile.os_reserved_bytes
+        if cpu_bytes > available:
+            failure = "fails (CUDA out of memory)" if knobs.pinned else "fails (out of memory)"
+            raise InputError(where, "engine.flags", f"CPU experts in {kind}",
+                             f"llama.cpp would fail to load: reading {cpu_bytes / GIB:.2f} GiB of experts into "
+                             f"{kind} {failure} with {available / GIB:.2f} GiB of RAM available: keep the file "
+                             "mapping (mainline's default; GGML_CUDA_NO_PINNED=1 on ik_llama.cpp)")
+    return LlamaMemory(tuple(allocations), profile.vram_bytes - vram_used, why, KEY_NCMOE,
+                       notices=(f"experts in host memory: {cpu_bytes / GIB:.2f} GiB ({HOST_WORDS[knobs.host]}), "
+                                f"on the GPU: "
+                                f"{gpu_expert_bytes / GIB:.2f} GiB",),
+                       cpu_expert_bytes=cpu_bytes, staging_bytes=staging)

@@ -1,0 +1,244 @@
+"""llama.cpp with the experts of some MoE layers in host RAM, as SimPy processes on the simulated machine (the
+reference's §3-§6; ggml-backend-sched @ 34af94cd9).
+
+One process serves the requests in order; nothing overlaps between ubatches (llama_context::decode runs them one after
+another, §3). Per MoE layer whose expert tensors live in host memory:
+
+  decode, or a ubatch below the offload rule, or --no-op-offload
+      the GPU runs attention and the router; the scheduler copies the hidden state and the ids to the host (a
+      synchronous switch); the CPU's mul_mat_id reads each distinct selected expert once on -t (-tb) threads, out of
+      the file mapping (page faults from the drive for pages not in the page cache) or its buffer; the result
+      is copied back (the second switch)
+  a ubatch the GPU takes (op offload)
+      the host reads the ids back (synchronous), and copies the experts the ubatch uses (#15346; every expert before
+      it, and in ik_llama.cpp with -no-ooae) over PCIe, consecutive ids merged into one copy, pageable from the
+      mapping or a plain RAM buffer, or pinned; the GPU multiplies. The copy and the GEMM share the backend's stream: they serialise.
+
+GPU-resident layers run on the GPU only. Every layer of every token or ubatch is a row of steps.parquet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.engines.base import Bounds, EngineState
+from sim.engines.llamacpp.memory import FP32_BYTES, HOST_WORDS, part_bytes, plan_memory
+from sim.engines.llamacpp.settings import RUN_PADDING_BYTES, Knobs
+from sim.engines.llamacpp.weights import file_weights
+from sim.errors import InputError
+from sim.trace.format import MISSING
+from sim.units import GIB, MIB
+
+IDS_BYTES = 4  # one int32 expert id per (token, slot), read back before an offloaded layer (§3)
+
+
+def used_runs(experts: np.ndarray, n_experts: int) -> tuple[int, int, int]:
+    """The experts a ubatch's rows select at one layer, as the scheduler copies them (ggml-backend.cpp:1676-1709):
+    (distinct experts, runs of consecutive ids, runs that end before the tensor's last expert and so are padded)."""
+    mask = np.zeros(n_experts + 1, bool)
+    ids = experts[experts != MISSING].astype(np.int64)
+    mask[ids] = True
+    used = mask[:n_experts]
+    starts = used & ~np.concatenate(([False], used[:-1]))
+    runs = int(starts.sum())
+    return int(used.sum()), runs, runs - int(used[-1])
+
+
+class LlamaCppProcess:
+    """One llama.cpp process (llama-server or llama-cli) serving a scenario's requests in order."""
+
+    def __init__(self, scenario, routing, recorder, machine, domain):
+        self.scenario, self.routing, self.rec, self.m = scenario, routing, recorder, machine
+        layout = scenario.layout
+        where = str(scenario.path or "scenario")
+        self.knobs = knobs = Knobs.of(scenario, where)
+        self.memory = plan = plan_memory(scenario, knobs, where)
+        if plan.why_no_cache is not None:  # the load fails before anything runs
+            raise InputError(where, "engine.flags.n-cpu-moe", scenario.engine.flags.n_cpu_moe, plan.why_no_cache)
+        for allocation in plan.allocations:
+            machine.memory.set(*allocation)
+        self.notices = list(plan.notices)
+        self.n_layers, self.n_experts, self.top_k = layout.n_routed_layers, layout.n_experts, layout.top_k
+        parts = part_bytes(layout)[: self.n_layers]
+        on_cpu = knobs.on_cpu[: self.n_layers]
+        self.cpu_layer = on_cpu.any(axis=1)
+        self.cpu_bytes = (parts * on_cpu).sum(axis=1)  # one expert's slices in host memory, per layer
+        self.cpu_parts = on_cpu.sum(axis=1)
+        gpu_bytes = (parts * ~on_cpu).sum(axis=1)
+        expert_bytes = parts.sum(axis=1)
+        other = file_weights(layout, where).gpu_bytes / self.n_layers  # non-expert weights, spread over the layers
+        # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM
+        self.decode_gpu_s = machine.vram_read_s(other + self.top_k * gpu_bytes)
+        # a prompt token: the profile's figure for the model class (experts resident), split by the bytes each part
+        # of the layer reads per token, so the routed share moves with the experts wherever they are computed
+        compute = scenario.compute
+        per_token = compute.prefill_us_per_token_layer.value * 1e-6
+        routed = self.top_k * expert_bytes / (self.top_k * expert_bytes + other)
+        self.prefill_other_s = per_token * (1.0 - routed)
+        self.prefill_routed_s = per_token * routed
+        fixed = compute.prefill_us_per_chunk_layer
+        self.prefill_fixed_s = 0.0 if fixed is None else fixed.value * 1e-6
+        self.hidden_bytes = layout.hidden * FP32_BYTES
+        self.main = machine.threads("llama.cpp main thread")
+        self.cpu = machine.threads("llama.cpp CPU experts")
+        self.mapped = knobs.host == "mapped" and bool(self.cpu_layer.any())
+        self.locked = False
+        if self.mapped and knobs.mlock:
+            cpu_total = plan.cpu_expert_bytes
+            if cpu_total <= machine.memory.ram_available():
+                machine.memory.set("ram", "CPU experts (mlocked mapping)", cpu_total)
+                self.locked = True
+            else:
+                self.notices.append(f"mlock: {cpu_total / GIB:.2f} GiB of expert pages cannot be locked in "
+                                    f"{machine.memory.ram_available() / GIB:.2f} GiB: left pageable")
+        self.paged = self.mapped and not self.locked
+        if self.paged and scenario.workload.page_cache == "warm":  # loaded before: the page cache holds what fits
+            keys = (np.flatnonzero(self.cpu_layer)[:, None] * self.n_experts + np.arange(self.n_experts)).ravel()
+            machine.page_cache.warm(keys)
+        self.totals = dict(offloaded_layer_steps=0, cpu_layer_steps=0, h2d_expert_bytes=0, h2d_expert_copies=0,
+                           cpu_expert_read_bytes=0, page_fault_read_bytes=0)
+
+    # --- the pieces -------------------------------------------------------------------------------
+
+    def _faults(self, layer: int, experts: np.ndarray):
+        """Page faults of the selected experts' host slices: pages not in the page cache come from the drive."""
+        if not self.paged or not len(experts):
+            return 0
+        hit = self.m.page_cache.access(layer * self.n_experts + experts.astype(np.int64))
+        missing = int((~hit).sum()) * int(self.cpu_bytes[layer])
+        if missing:
+            yield self.m.ssd.read(missing, self.m.ssd.fault_reads(missing))
+            self.totals["page_fault_read_bytes"] += missing
+        return missing
+
+    def _switch(self, n_bytes: float, to_host: bool):
+        """One GPU<->CPU switch of the scheduler: the stream drained, the tensor copied, the host synchronised."""
+        m = self.m
+        if to_host:
+            yield m.gpu.drained()
+        yield (m.d2h if to_host else m.h2d).copy(n_bytes, 1, "switch", pageable_bytes=n_bytes)
+        yield self.main.hold(m.sync_s, 0, 1, "sync")
+
+    def _cpu_layer(self, layer: int, rows: np.ndarray, threads: int):
+        """The CPU's mul_mat_id of one layer for these rows (§3.1): each distinct selected expert read once, n x k
+        rows of work."""
+        n = len(rows)
+        yield from self._switch(n * self.hidden_bytes + rows.size * IDS_BYTES, True)
+        used = np.unique(rows[rows != MISSING])
+        fault = yield from self._faults(layer, used)
+        read = len(used) * int(self.cpu_bytes[layer])
+        work = int((rows != MISSING).sum()) * int(self.cpu_bytes[layer])
+        yield self.m.cpu_expert_matmul(self.cpu, read, work, threads)
+        yield from self._switch(n * self.hidden_bytes, False)
+        self.totals["cpu_layer_steps"] += 1
+        self.totals["cpu_expert_read_bytes"] += read
+        return read, fault
+
+    def _offloaded_layer(self, layer: int, rows: np.ndarray):
+        """Op offload of one CPU layer (§5.2): ids back, the used experts' slices over PCIe, the GEMM on the GPU."""
+        m, knobs = self.m, self.knobs
+        yield m.gpu.drained()
+        yield self.main.hold(m.sync_s + m.memcpy_call_s, rows.size * IDS_BYTES, 1, "ids readback")
+        if knobs.copy_used_only:
+            distinct, runs, padded = used_runs(rows, self.n_experts)
+            experts = np.unique(rows[rows != MISSING])
+        else:
+            distinct, runs, padded = self.n_experts, 1, 0
+            experts = np.arange(self.n_experts)
+        fault = yield from self._faults(layer, experts)
+        parts = int(self.cpu_parts[layer])
+        n_bytes = distinct * int(self.cpu_bytes[layer]) + parts * padded * RUN_PADDING_BYTES
+        yield m.h2d.copy(n_bytes, parts * runs, "op offload experts", pageable_bytes=0 if knobs.pinned else n_bytes)
+        m.gpu.book(len(rows) * self.prefill_routed_s[layer], 0, 0, "expert GEMMs (offloaded)")
+        self.totals["offloaded_layer_steps"] += 1
+        self.totals["h2d_expert_bytes"] += n_bytes
+        self.totals["h2d_expert_copies"] += parts * runs
+        return n_bytes, fault, distinct
+
+    # --- a token and a ubatch ---------------------------------------------------------------------
+
+    def _step(self, request: int, phase: str, step: int, layer: int, start: float, tokens: int, **row) -> None:
+        self.rec.step(request=request, phase=phase, step=step, layer=layer, start_s=start, end_s=self.m.env.now,
+                      tokens=tokens, vram_used_bytes=self.m.memory.used("vram"),
+                      ram_used_bytes=self.m.memory.used("ram"), **row)
+
+    def decode_token(self, request: int, step: int, rows: np.ndarray):
+        """One generated token, rows [layers, k]."""
+        m = self.m
+        for layer in range(self.n_layers):
+            start = m.env.now
+            m.gpu.book(self.decode_gpu_s[layer], 0, 0, "layer (GPU)")
+            if self.cpu_layer[layer]:
+                read, fault = yield from self._cpu_layer(layer, rows[layer][None, :], self.knobs.threads)
+                self._step(request, "decode", step, layer, start, 1, file_read_bytes=fault,
+                           d2h_bytes=self.hidden_bytes)
+        yield m.gpu.drained()
+
+    def ubatch(self, request: int, step: int, rows: np.ndarray):
+        """One prompt ubatch, rows [n, layers, k]."""
+        m, knobs = self.m, self.knobs
+        n = len(rows)
+        offload = knobs.offloads(n, self.top_k, self.n_experts)
+        for layer in range(self.n_layers):
+            start = m.env.now
+            m.gpu.book(n * self.prefill_other_s[layer] + self.prefill_fixed_s, 0, 0, "layer (GPU)")
+            if not self.cpu_layer[layer]:
+                m.gpu.book(n * self.prefill_routed_s[layer], 0, 0, "expert GEMMs")
+                continue
+            if offload:
+                n_bytes, fault, distinct = yield from self._offloaded_layer(layer, rows[:, layer])
+                self._step(request, "prefill", step, layer, start, n, h2d_bytes=n_bytes, file_read_bytes=fault)
+            else:
+                read, fault = yield from self._cpu_layer(layer, rows[:, layer], knobs.threads_batch)
+                self._step(request, "prefill", step, layer, start, n, file_read_bytes=fault)
+        yield m.gpu.drained()
+
+    def ubatches(self, n_tokens: int) -> list[tuple[int, int]]:
+        """(first, size) of each ubatch of a prompt: logical batches of -b tokens, each cut into -ub (§5.1)."""
+        out = []
+        for first_batch in range(0, n_tokens, self.knobs.batch):
+            end = min(n_tokens, first_batch + self.knobs.batch)
+            out += [(f, min(self.knobs.ubatch, end - f)) for f in range(first_batch, end, self.knobs.ubatch)]
+        return out
+
+    def serve(self, env, timings: list):
+        for request, (spec, routing) in enumerate(zip(self.scenario.workload.requests, self.routing.requests)):
+            if spec.think_time_s:
+                yield env.timeout(spec.think_time_s)
+            arrival = env.now
+            prompt = routing.prompt
+            for step, (first, size) in enumerate(self.ubatches(len(prompt))):
+                yield from self.ubatch(request, step, prompt[first: first + size, : self.n_layers])
+            prefill_end = env.now
+            first_token = None
+            for i, rows in enumerate(routing.decode):
+                yield from self.decode_token(request, i, rows[: self.n_layers])
+                if first_token is None:
+                    first_token = env.now
+            timings.append({"request": request, "arrival_s": arrival, "prefill_end_s": prefill_end,
+                            "first_token_s": first_token if first_token is not None else prefill_end,
+                            "end_s": env.now, "prompt_tokens": len(prompt), "decode_tokens": len(routing.decode)})
+
+    # --- results ----------------------------------------------------------------------------------
+
+    def bounds(self, request: int) -> Bounds:
+        return Bounds(None)  # no expert cache
+
+    def state(self) -> EngineState:
+        knobs = self.knobs
+        cpu_layers = [int(b) for b, cpu in zip((x.block for x in self.scenario.layout.layers), self.cpu_layer) if cpu]
+        detail = {
+            "variant_source": knobs.variant.source,
+            "cpu_moe_layers": len(cpu_layers),
+            "cpu_moe_blocks": cpu_layers,
+            "host_buffer": "mlocked mapping" if self.locked else HOST_WORDS[knobs.host],
+            "cpu_expert_gib": round(self.memory.cpu_expert_bytes / GIB, 3),
+            "ubatch": knobs.ubatch,
+            "threads": knobs.threads,
+            "threads_batch": knobs.threads_batch,
+            "op_offload_from_tokens": knobs.offload_threshold(self.top_k, self.n_experts),
+            "compute_buffer_mib": round(next(a.bytes for a in self.memory.allocations if a.name == "compute buffer")
+                                        / MIB, 1),
+            **self.totals,
+        }
+        return EngineState(None, None, None, None, None, tuple(self.notices), detail)

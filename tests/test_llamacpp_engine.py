@@ -1,0 +1,114 @@
+"""llama.cpp's mechanisms against the machine, end to end: the bytes each phase moves come from the layout and the
+run's own routing (computed here without the engine), and each knob moves its figure the way the code says
+(../shared/reference/llamacpp-engine.md §3-§6)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.scenario import load_scenario
+from sim.simulate import run_scenario
+from sim.trace.format import MISSING
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "scenarios" / "llamacpp-qwen3.8-ncmoe.toml"
+
+
+def _run(prompt: int, decode: int, hardware: str | None = None, page_cache: str = "warm", variant="mainline",
+         **flags):
+    data = tomllib.loads(SEED.read_text())
+    data["engine"]["flags"] = {"ctx-size": 8192, "n-cpu-moe": 40, **flags}
+    data["engine"]["variant"] = variant
+    data["workload"] = {"page-cache": page_cache, "requests": [{"prompt_tokens": prompt, "decode_tokens": decode}]}
+    if hardware:
+        data["hardware"] = hardware
+    return run_scenario(load_scenario(SEED, data))
+
+
+def _expert_bytes(result) -> np.ndarray:
+    return np.array([x.expert_bytes for x in result.scenario.layout.layers], np.int64)
+
+
+def test_decode_reads_k_experts_per_cpu_layer_from_host_memory():
+    """§4: B_tok = sum over CPU MoE layers of k x S_expert; blocks 0..39 are on the CPU (--n-cpu-moe 40)."""
+    short, long = _run(1, 4), _run(1, 12)
+    per_token = _expert_bytes(short)[:40].sum() * short.scenario.layout.top_k
+    extra = long.summary["engine_state"]["cpu_expert_read_bytes"] - short.summary["engine_state"]["cpu_expert_read_bytes"]
+    assert extra == 8 * per_token
+
+
+def test_an_offloaded_ubatch_copies_the_union_of_the_experts_it_uses():
+    """§5.2: per CPU layer, the distinct experts of the ubatch's rows, in runs of consecutive ids, each run not
+    ending at the last expert padded by 512 bytes; two ubatches of 512 (a 1024-token prompt)."""
+    result = _run(1024, 1)
+    prompt = result.routing.requests[0].prompt
+    layout = result.scenario.layout
+    expected = 0
+    for first in (0, 512):
+        rows = prompt[first: first + 512]
+        for layer in range(40):
+            ids = rows[:, layer]
+            used = np.zeros(layout.n_experts, bool)
+            used[ids[ids != MISSING]] = True
+            starts = np.flatnonzero(used & ~np.r_[False, used[:-1]])
+            ends = np.flatnonzero(used & ~np.r_[used[1:], False])
+            padded = int((ends != layout.n_experts - 1).sum())
+            parts = 3  # gate, up (one fused tensor standing for both) and down all on the CPU
+            expected += int(used.sum()) * _expert_bytes(result)[layer] + parts * padded * 512
+            assert len(starts) == len(ends)
+    assert result.summary["engine_state"]["h2d_expert_bytes"] == expected
+
+
+def test_before_15346_every_expert_is_copied():
+    result = _run(512, 1, variant="mainline-pre-15346")
+    layout = result.scenario.layout
+    assert result.summary["engine_state"]["h2d_expert_bytes"] == layout.n_experts * _expert_bytes(result)[:40].sum()
+
+
+def test_a_ubatch_below_the_threshold_runs_on_the_cpu():
+    below, at = _run(31, 1), _run(32, 1)
+    assert below.summary["engine_state"]["h2d_expert_bytes"] == 0
+    assert below.summary["engine_state"]["offloaded_layer_steps"] == 0
+    assert at.summary["engine_state"]["offloaded_layer_steps"] == 40
+
+
+def test_a_file_larger_than_ram_faults_from_the_drive():
+    """§6: with the mapping, pages the page cache cannot hold are read from the SSD at every touch. 46.9 GiB of
+    experts on the CPU with 31 GiB of RAM (rtx-4090-14900k-32gb) against 64 GiB (rtx-4090)."""
+    small = _run(1, 16, hardware="rtx-4090-14900k-32gb", **{"n-cpu-moe": 48})
+    large = _run(1, 16, **{"n-cpu-moe": 48})
+    assert small.summary["engine_state"]["page_fault_read_bytes"] > 0
+    assert large.summary["engine_state"]["page_fault_read_bytes"] == 0
+    assert small.summary["decode_tok_s"] < large.summary["decode_tok_s"]
+    ssd = {link["link"]: link for link in small.summary["links"]}["SSD"]
+    assert ssd["bytes"] == small.summary["engine_state"]["page_fault_read_bytes"]
+
+
+def test_a_cold_page_cache_reads_every_first_touch_from_the_drive():
+    cold = _run(1, 1, page_cache="cold")
+    first = _expert_bytes(cold)[:40].sum() * cold.scenario.layout.top_k  # the prompt token's k experts per layer
+    assert cold.summary["engine_state"]["page_fault_read_bytes"] >= first
+
+
+def test_pinned_experts_copy_faster_than_the_mapping():
+    """§5.5: --load-mode none puts the CPU experts in pinned CUDA_Host memory, so op offload's copies run at the
+    pinned rate instead of the driver's staged pageable one; decode (CPU reads) does not change."""
+    mapped, pinned = _run(2048, 8), _run(2048, 8, **{"load-mode": "none"})
+    assert pinned.summary["prefill_tok_s"] > mapped.summary["prefill_tok_s"]
+    assert pinned.summary["ram_peak_mib"] > mapped.summary["ram_peak_mib"]
+    assert pinned.summary["decode_tok_s"] == pytest.approx(mapped.summary["decode_tok_s"], rel=1e-9)
+
+
+def test_fewer_cpu_layers_decode_faster():
+    """§9: decode follows the bytes read on the CPU."""
+    assert _run(1, 8, **{"n-cpu-moe": 36}).summary["decode_tok_s"] > _run(1, 8, **{"n-cpu-moe": 44}).summary["decode_tok_s"]
+
+
+def test_a_larger_ubatch_reads_a_prompt_faster_while_copies_bound_it():
+    """§5.3: per ubatch the used experts cross PCIe whatever the ubatch's size, so prefill grows with -ub."""
+    assert _run(2048, 1, **{"ubatch-size": 1024}).summary["prefill_tok_s"] > \
+        _run(2048, 1, **{"ubatch-size": 512}).summary["prefill_tok_s"]

@@ -1,0 +1,157 @@
+"""llama.cpp's rules as the code states them (../shared/reference/llamacpp-engine.md): where an expert tensor lands
+(-ot, --cpu-moe, --n-cpu-moe per variant), when the GPU takes a prompt's expert matmuls (op offload), how the used
+experts are copied, the memory plan and the refusals at load. Known answers, read off the cited code lines."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.engines.llamacpp.process import used_runs
+from sim.engines.llamacpp.settings import VARIANTS, Flags, Knobs, cpu_placement
+from sim.errors import InputError
+from sim.model.presets import get_preset
+from sim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "scenarios" / "llamacpp-qwen3.8-ncmoe.toml"
+
+
+def _scenario(**flags):
+    data = tomllib.loads(SEED.read_text())
+    data["engine"]["flags"] = {"ctx-size": 8192, **flags}
+    variant = data["engine"]["flags"].pop("variant", None)
+    if variant:
+        data["engine"]["variant"] = variant
+    env = data["engine"]["flags"].pop("env", None)
+    if env:
+        data["engine"]["env"] = env
+    return load_scenario(SEED, data)
+
+
+def _cpu_blocks(layout, variant: str, **flags) -> list[int]:
+    on_cpu = cpu_placement("test", layout, Flags.model_validate(flags), VARIANTS[variant])
+    return [layer.block for layer, cpu in zip(layout.layers, on_cpu.all(axis=1)) if cpu]
+
+
+def test_n_cpu_moe_takes_the_first_blocks_in_mainline_and_the_last_layers_in_ik():
+    layout = get_preset("qwen3.8-flash-next-iq3s")  # 48 MoE blocks, 0..47
+    assert _cpu_blocks(layout, "mainline", **{"n-cpu-moe": 3}) == [0, 1, 2]  # common/common.h:1115-1117
+    assert _cpu_blocks(layout, "ik", **{"n-cpu-moe": 3}) == [45, 46, 47]  # src/llama-load-tensors.cpp:270-285
+    assert _cpu_blocks(layout, "mainline", **{"n-cpu-moe": 999}) == list(range(48))
+
+
+def test_mainline_counts_dense_blocks_toward_n_cpu_moe():
+    layout = get_preset("glm-5.2")  # blocks 0-2 dense: blk.0..4 covers two MoE blocks
+    assert _cpu_blocks(layout, "mainline", **{"n-cpu-moe": 5}) == [3, 4]
+    assert _cpu_blocks(layout, "ik", **{"n-cpu-moe": 2}) == [76, 77]  # the last MoE layers; blk.78 is the MTP layer
+
+
+def test_a_user_override_wins_over_cpu_moe_and_matches_as_a_substring():
+    layout = get_preset("qwen3.8-flash-next-iq3s")
+    # -ot entries come before --cpu-moe's: blk.1.'s experts stay on the GPU, blk.10-19 do not match "blk\.1\."
+    blocks = _cpu_blocks(layout, "mainline", **{"cpu-moe": True, "override-tensor": [r"blk\.1\.=CUDA0"]})
+    assert 1 not in blocks and 10 in blocks and len(blocks) == 47
+    # "exps=CPU" matches every expert tensor by substring (-ot exps=CPU)
+    assert len(_cpu_blocks(layout, "mainline", **{"override-tensor": ["exps=CPU"]})) == 48
+
+
+def test_an_override_can_put_one_part_on_the_cpu():
+    layout = get_preset("qwen3-30b-a3b")  # separate gate, up, down tensors
+    on_cpu = cpu_placement("test", layout, Flags.model_validate({"override-tensor": ["ffn_down_exps=CPU"]}),
+                           VARIANTS["mainline"])
+    assert on_cpu[:, 2].all() and not on_cpu[:, :2].any()
+
+
+@pytest.mark.parametrize("entry,why", [("exps", "REGEX=BUFFER"), ("exps=GPU", "unknown buffer type"),
+                                       ("(=CPU", "does not compile")])
+def test_a_bad_override_is_refused_in_one_line(entry, why):
+    with pytest.raises(InputError) as caught:
+        cpu_placement("s.toml", get_preset("qwen3-30b-a3b"), Flags.model_validate({"override-tensor": [entry]}),
+                      VARIANTS["mainline"])
+    assert why in str(caught.value) and "override-tensor[0]" in str(caught.value)
+
+
+def test_op_offload_switches_where_each_variant_says():
+    mainline = Knobs.of(_scenario(**{"n-cpu-moe": 48}), "t")
+    assert not mainline.offloads(31, 10, 512) and mainline.offloads(32, 10, 512)  # ggml-cuda.cu:5312-5331
+    env = Knobs.of(_scenario(**{"n-cpu-moe": 48, "env": {"GGML_OP_OFFLOAD_MIN_BATCH": "64"}}), "t")
+    assert not env.offloads(63, 10, 512) and env.offloads(64, 10, 512)
+    ik = Knobs.of(_scenario(**{"n-cpu-moe": 48, "variant": "ik"}), "t")
+    # ubatch x k >= 32 x E: 32 x 512 / 10 = 1638.4, so 1639 tokens (ggml-cuda.cu:5180-5210 in ik)
+    assert not ik.offloads(1638, 10, 512) and ik.offloads(1639, 10, 512)
+    off = Knobs.of(_scenario(**{"n-cpu-moe": 48, "no-op-offload": True}), "t")
+    assert not off.offloads(4096, 10, 512)
+
+
+def test_batches_are_clamped_as_the_context_does():
+    knobs = Knobs.of(_scenario(**{"n-cpu-moe": 48, "ubatch-size": 4096, "batch-size": 1024}), "t")
+    assert (knobs.batch, knobs.ubatch) == (1024, 1024)  # n_ubatch <= n_batch (src/llama-context.cpp:245-247)
+
+
+def test_host_buffers_follow_load_mode_and_the_build():
+    assert not Knobs.of(_scenario(**{"n-cpu-moe": 48}), "t").pinned  # the file mapping (§2.2)
+    assert Knobs.of(_scenario(**{"n-cpu-moe": 48, "load-mode": "none"}), "t").pinned  # CUDA_Host
+    assert Knobs.of(_scenario(**{"n-cpu-moe": 48, "variant": "ik"}), "t").pinned  # ik pins CPU overrides (§7)
+    unpinned = _scenario(**{"n-cpu-moe": 48, "variant": "ik", "env": {"GGML_CUDA_NO_PINNED": "1"}})
+    assert Knobs.of(unpinned, "t").host == "mapped"  # ik keeps the mapping when pinning is off
+    plain = _scenario(**{"n-cpu-moe": 48, "load-mode": "none", "env": {"GGML_CUDA_NO_PINNED": "1"}})
+    assert Knobs.of(plain, "t").host == "ram"  # no CUDA_Host buffer type: plain pageable RAM
+
+
+def _runs_by_loop(ids: list[int], n_experts: int) -> tuple[int, int, int]:
+    """The scheduler's copy plan written out plainly: walk the experts in order, open a run at each used expert
+    after an unused one."""
+    used = sorted(set(ids))
+    runs = padded = 0
+    for e in range(n_experts):
+        if e in used and (e == 0 or e - 1 not in used):
+            runs += 1
+            end = e
+            while end + 1 in used:
+                end += 1
+            padded += end != n_experts - 1
+    return len(used), runs, padded
+
+
+@given(st.lists(st.integers(0, 31), min_size=1, max_size=64))
+def test_used_experts_are_copied_in_runs_of_consecutive_ids(ids):
+    assert used_runs(np.array(ids, np.uint16), 32) == _runs_by_loop(ids, 32)
+
+
+def test_used_runs_known_answer():
+    # experts 0,1,2 | 5 | 30,31: three runs, the last one ends at the tensor's last expert and is not padded
+    assert used_runs(np.array([[2, 0], [1, 5], [31, 30]], np.uint16), 32) == (6, 3, 2)
+
+
+def test_a_placement_that_does_not_fit_the_card_is_pruned_and_refused_naming_the_knob():
+    from sim.engines import engine_of
+    from sim.simulate import run_scenario
+
+    scenario = _scenario(**{"n-cpu-moe": 0})  # 46.9 GiB of experts on a 24 GB card
+    plan = engine_of(scenario).plan_memory(scenario)
+    assert "out of memory" in plan.why_no_cache and plan.knob == "engine.flags.n-cpu-moe"
+    with pytest.raises(InputError) as caught:
+        run_scenario(scenario)
+    assert "n-cpu-moe" in str(caught.value) and "out of memory" in str(caught.value)
+
+
+def test_a_flag_of_the_other_build_is_refused():
+    with pytest.raises(InputError) as caught:
+        _scenario(**{"n-cpu-moe": 48, "no-ooae": True})
+    assert "engine.flags.no-ooae" in str(caught.value) and "read only by ik" in str(caught.value)
+
+
+def test_a_model_without_sourced_weights_is_refused():
+    data = tomllib.loads(SEED.read_text())
+    data["model"] = "qwen3-30b-a3b"
+    data["model_class"] = "qwen3.8-flash-next"
+    data["trace"] = {"generator": "qwen3-30b-a3b", "seed": 0}
+    with pytest.raises(InputError) as caught:
+        load_scenario(SEED, data)
+    assert "non-expert weights are sourced" in str(caught.value)  # qwen3-30b-a3b: no file figure held
