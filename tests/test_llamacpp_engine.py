@@ -112,3 +112,15 @@ def test_a_larger_ubatch_reads_a_prompt_faster_while_copies_bound_it():
     """§5.3: per ubatch the used experts cross PCIe whatever the ubatch's size, so prefill grows with -ub."""
     assert _run(2048, 1, **{"ubatch-size": 1024}).summary["prefill_tok_s"] > \
         _run(2048, 1, **{"ubatch-size": 512}).summary["prefill_tok_s"]
+
+
+def test_decode_reads_the_context_it_attends_to():
+    """Each decode token reads the K/V of the positions its attention layers attend to: the same 16 tokens after a
+    long prompt take longer than after a short one."""
+    assert _run(4096, 16).summary["decode_tok_s"] < _run(256, 16).summary["decode_tok_s"]
+
+
+def test_threads_beyond_the_physical_cores_add_nothing():
+    """rtx-4090's assumed desktop has 8 physical cores: -t 16 runs them as -t 8 does, -t 4 on half of them."""
+    eight, sixteen, four = (_run(1, 8, threads=t).summary["decode_tok_s"] for t in (8, 16, 4))
+    assert sixteen == pytest.approx(eight, rel=1e-12) and four < eight

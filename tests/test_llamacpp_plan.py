@@ -133,7 +133,7 @@ def test_a_placement_that_does_not_fit_the_card_is_pruned_and_refused_naming_the
     from sim.engines import engine_of
     from sim.simulate import run_scenario
 
-    scenario = _scenario(**{"n-cpu-moe": 0})  # 46.9 GiB of experts on a 24 GB card
+    scenario = _scenario(**{"n-cpu-moe": 0, "fit": "off"})  # 46.9 GiB of experts on a 24 GB card, --fit off
     plan = engine_of(scenario).plan_memory(scenario)
     assert "out of memory" in plan.why_no_cache and plan.knob == "engine.flags.n-cpu-moe"
     with pytest.raises(InputError) as caught:
@@ -155,3 +155,58 @@ def test_a_model_without_sourced_weights_is_refused():
     with pytest.raises(InputError) as caught:
         load_scenario(SEED, data)
     assert "non-expert weights are sourced" in str(caught.value)  # qwen3-30b-a3b: no file figure held
+
+
+@given(st.integers(0, 70_000), st.integers(1, 4096), st.integers(1, 4096))
+def test_attended_positions_match_a_plain_count(first, n, window):
+    """Attention.positions in closed form against the sum it stands for: a query at position p attends to p + 1
+    positions in a full layer and to at most `window` in a window layer."""
+    from sim.engines.llamacpp.weights import Attention
+
+    full = sum(p + 1 for p in range(first, first + n))
+    capped = sum(min(p + 1, window) for p in range(first, first + n))
+    assert Attention(1, 3, 2, window).positions(first, n) == pytest.approx(3 * full + 2 * capped, rel=1e-12)
+
+
+def test_window_layers_cache_the_window_and_a_ubatch():
+    from sim.engines.llamacpp.weights import Attention
+
+    attention = Attention(2048, 18, 18, 128)  # gpt-oss-120b: 8 KV heads of 64 at F16, half the layers a 128 window
+    assert attention.cache_bytes(32768, 512) == 2048 * (18 * 32768 + 18 * (128 + 512))
+    assert attention.cache_bytes(100, 512) == 2048 * 36 * 100
+
+
+def test_fit_keeps_the_last_layers_experts_on_the_cpu_until_the_rest_fits():
+    """Mainline's --fit with no placement flags (common/fit.cpp, §2.3): the CPU-MoE layers at the end of the GPU's
+    range, the fewest that leave its 1 GiB margin; a placement flag turns it off."""
+    from sim.engines import engine_of
+    from sim.engines.llamacpp.vram import FIT_MARGIN_BYTES
+
+    def load(**flags):
+        data = tomllib.loads(SEED.read_text())
+        data["engine"]["flags"] = flags
+        data["workload"]["requests"] = [{"prompt_tokens": 1024, "decode_tokens": 64}]
+        return load_scenario(SEED, data)
+
+    fitted = load()
+    on_cpu = Knobs.of(fitted, "t").on_cpu.all(axis=1)
+    n = int(on_cpu.sum())
+    assert 0 < n < 48 and on_cpu[48 - n:].all()  # the last n blocks
+    assert engine_of(fitted).plan_memory(fitted).free_at_sizing_bytes >= FIT_MARGIN_BYTES
+    # one layer fewer on the CPU, placed the same way by hand (-ot on the last n - 1 blocks), leaves less than it
+    last = "|".join(str(b) for b in range(48 - (n - 1), 48))
+    tighter = load(**{"override-tensor": [rf"blk\.({last})\.ffn_.*exps=CPU"]})
+    assert Knobs.of(tighter, "t").on_cpu.all(axis=1).sum() == n - 1
+    assert engine_of(tighter).plan_memory(tighter).free_at_sizing_bytes < FIT_MARGIN_BYTES
+    # --n-cpu-moe turns fit off: the first blocks, as many as asked
+    assert Knobs.of(load(**{"n-cpu-moe": 2}), "t").on_cpu.all(axis=1).nonzero()[0].tolist() == [0, 1]
+    # --fit off with no placement: every expert on the GPU, which the 24 GB card cannot hold
+    unfitted = load(fit="off")
+    assert not Knobs.of(unfitted, "t").on_cpu.any()
+    assert "out of memory" in engine_of(unfitted).plan_memory(unfitted).why_no_cache
+
+
+def test_a_request_beyond_the_context_is_refused_as_llama_server_does():
+    with pytest.raises(InputError) as caught:
+        _scenario(**{"n-cpu-moe": 48, "ctx-size": 4096})  # the seed's 4,096-token prompt and 128 tokens
+    assert "exceeds the available context size" in str(caught.value)

@@ -198,6 +198,7 @@ def test_a_dma_slows_a_cpu_expert_kernel_sharing_dram():
     env, m = machine()
     dram = m.profile.host.dram_bandwidth_gbps.value * 1e9
     threads = int(2 * dram / m.expert_kernel_bytes_per_s) + 1
+    m.physical_cores = threads  # a host with that many cores: only DRAM bounds the kernel
     pool = m.threads("pool")
     n_bytes = 4 * GIB
     done = {}
@@ -213,12 +214,34 @@ def test_a_dma_slows_a_cpu_expert_kernel_sharing_dram():
     run(env, kernel())
     assert done["kernel"] == pytest.approx(n_bytes / dram)
     env, m = machine()
+    m.physical_cores = threads
     pool = m.threads("pool")
     done = {}
     run(env, kernel(), dma())
     # the copy ends first; DRAM is full throughout, so the kernel ends when both jobs' bytes have crossed it
     assert done["dma"] < done["kernel"] == pytest.approx((n_bytes + GIB) / dram)
     assert pool.intervals()[0][:2] == (0.0, pytest.approx(done["kernel"]))
+
+
+def test_threads_beyond_the_physical_cores_add_no_kernel_throughput():
+    """A CPU kernel's rate is the profile's per-core rate times the threads, at most the physical cores (SMT
+    threads share a core's vector units); far below DRAM's rate, so the cores alone bound it."""
+    def kernel_seconds(threads: int) -> float:
+        env, m = machine()
+        pool, done = m.threads("pool"), {}
+
+        def kernel():
+            yield m.cpu_kernel(pool, GIB, threads)
+            done["end"] = env.now
+
+        run(env, kernel())
+        return done["end"]
+
+    env, m = machine()
+    cores, rate = m.physical_cores, m.expert_kernel_bytes_per_s
+    assert cores * rate < m.profile.host.dram_bandwidth_gbps.value * 1e9
+    assert kernel_seconds(cores) == pytest.approx(GIB / (cores * rate))
+    assert kernel_seconds(2 * cores) == pytest.approx(kernel_seconds(cores))
 
 
 # ------------------------------------------------------------------------------------------ the SSD

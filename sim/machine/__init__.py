@@ -127,6 +127,9 @@ class Machine:
         self.memory = Memory(profile, self.page_cache)
         self.memcpy_bytes_per_s = profile.host.memcpy_gbps.value * 1e9
         self.expert_kernel_bytes_per_s = profile.host.expert_kernel_gbps.value * 1e9  # one core's
+        # threads beyond the physical cores share a core's vector units (SMT): they add no expert-kernel throughput
+        # [E: the kernels are compute-bound per core]; llama.cpp's default -t is the physical cores for this reason
+        self.physical_cores = int(profile.host.physical_cores.value)
         self.vram_read_bytes_per_s = profile.gpu.dram_bandwidth_gbps.value * 1e9 * VRAM_READ_EFFICIENCY
         self.sync_s = lat.device_sync_us.value * 1e-6
         self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
@@ -147,10 +150,10 @@ class Machine:
         yield self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind)
 
     def cpu_kernel(self, thread: Server, n_bytes: float, n_threads: int, kind: str = "CPU kernel") -> simpy.Event:
-        """`n_threads` cores running an expert kernel over n_bytes of weights in host RAM (a CPU expert pool): a
-        DRAM job of the bytes read, each core at most the profile's expert kernel rate, sharing DRAM with the
+        """`n_threads` threads running an expert kernel over n_bytes of weights in host RAM (a CPU expert pool): a
+        DRAM job of the bytes read, each physical core at most the profile's expert kernel rate, sharing DRAM with the
         copies and DMA in flight. Issued now; the event fires when it is done, the thread server logs it."""
-        return self._dram_job(thread, n_bytes, n_bytes, n_threads * self.expert_kernel_bytes_per_s, kind)
+        return self._dram_job(thread, n_bytes, n_bytes, self._cores(n_threads) * self.expert_kernel_bytes_per_s, kind)
 
     def cpu_expert_matmul(self, thread: Server, read_bytes: float, work_bytes: float, n_threads: int,
                           kind: str = "CPU expert matmul") -> simpy.Event:
@@ -161,8 +164,11 @@ class Machine:
         token the two are equal and this is `cpu_kernel`."""
         if work_bytes <= 0:
             return self.env.timeout(0)
-        cap = n_threads * self.expert_kernel_bytes_per_s * read_bytes / work_bytes
+        cap = self._cores(n_threads) * self.expert_kernel_bytes_per_s * read_bytes / work_bytes
         return self._dram_job(thread, read_bytes, work_bytes, cap, kind)
+
+    def _cores(self, n_threads: int) -> int:
+        return min(n_threads, self.physical_cores)
 
     def _dram_job(self, thread: Server, traffic: float, n_bytes: float, cap_bytes_per_s: float,
                   kind: str) -> simpy.Event:

@@ -3,7 +3,8 @@
 offload). ../shared/reference/llamacpp-engine.md (llama.cpp @ 34af94cd9, ik_llama.cpp @ 8337e4cd).
 
     settings.py  the [engine] table, the variants, placement by override regexes, every knob parsed once (Knobs)
-    weights.py   the non-expert weights and K/V of each supported file      memory.py  the load's memory plan
+    weights.py   the non-expert weights and attention of each supported file
+    vram.py      what the load puts on the GPU, and mainline's --fit        memory.py  the load's memory plan
     search.py    plan's knobs                                               process.py the SimPy process
 """
 
@@ -28,7 +29,9 @@ class LlamaCpp(Engine):
     notes = {"engine.flags.n-cpu-moe": "mainline: the experts of blocks 0..N-1 in host RAM; ik_llama.cpp: the last N "
                                        "MoE layers",
              "engine.flags.override-tensor": 'list of "REGEX=BUFFER" (exps=CPU, blk\\.1[0-9]\\.ffn_.*=CUDA0): the '
-                                             "first match wins, before --cpu-moe and --n-cpu-moe"}
+                                             "first match wins, before --cpu-moe and --n-cpu-moe",
+             "engine.flags.fit": "mainline: with none of -ot, --cpu-moe, --n-cpu-moe, the last layers' experts stay "
+                                 "in host RAM until the rest fits the GPU with 1 GiB spare"}
 
     def validate(self, scenario, where: str) -> None:
         """llama.cpp's refusals at load (an unknown buffer type, a pinned buffer RAM cannot hold) and what the model does
@@ -47,7 +50,14 @@ class LlamaCpp(Engine):
                 table = "flags" if name in flags else "env"
                 raise InputError(where, f"engine.{table}.{name}", flags.get(name, env.get(name)),
                                  f"read only by {', '.join(builds)}; this scenario runs {engine.variant}")
-        plan_memory(scenario, Knobs.of(scenario, where), where)  # refusals of the load itself (pinning)
+        knobs = Knobs.of(scenario, where)
+        plan_memory(scenario, knobs, where)  # refusals of the load itself (pinning)
+        for i, request in enumerate(scenario.workload.requests):
+            if request.prompt_tokens + request.decode_tokens > knobs.ctx:
+                raise InputError(where, f"workload.requests[{i}].prompt_tokens", request.prompt_tokens,
+                                 f"llama-server refuses a request beyond --ctx-size {knobs.ctx} (\"the request exceeds "
+                                 f"the available context size\"): {request.prompt_tokens} prompt + "
+                                 f"{request.decode_tokens} output tokens")
 
     def plan_memory(self, scenario, domain=None) -> MemoryPlan:
         from sim.engines.llamacpp.memory import plan_memory
@@ -77,11 +87,6 @@ class LlamaCpp(Engine):
         except InputError:
             return None
         return "llama.cpp runs it with the experts that do not fit the GPU in host RAM (--n-cpu-moe)"
-
-    def starting_settings(self, layout, profile) -> dict:
-        n = layout.n_routed_layers
-        return {"n-cpu-moe": (n, f"all {n} MoE layers' experts in host RAM, which fits any card; `expertsim plan` "
-                                 "finds how many can move to the GPU")}
 
     def process(self, scenario, routing, recorder, machine, domain):
         from sim.engines.llamacpp.process import LlamaCppProcess

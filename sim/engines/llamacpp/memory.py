@@ -13,27 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from sim.engines.base import Allocation, MemoryPlan
 from sim.engines.llamacpp.settings import KEY_NCMOE, Knobs
-from sim.engines.llamacpp.weights import file_weights
+from sim.engines.llamacpp.vram import part_bytes, vram_allocations
 from sim.errors import InputError
 from sim.units import GIB
 
-FP32_BYTES = 4
-# The compute buffer holds a ubatch's activations; llama.cpp sizes it from a worst-case graph whose figure is not in
-# our notes. Counted: the ubatch's hidden state in and out of a layer (fp32), and, under op offload, the staging
-# tensor of one CPU expert tensor (§3: the offloaded gate, up and down reuse one compute-buffer space). A lower bound.
-ACTIVATION_COPIES = 2
-
-
 HOST_WORDS = {"mapped": "file mapping, pageable", "pinned": "pinned CUDA_Host buffer", "ram": "pageable RAM buffer"}
-
-
-def part_bytes(layout) -> np.ndarray:
-    """int64 [routed layers, 3]: bytes of one expert's gate, up and down slices."""
-    return np.array([[x.gate_bytes, x.up_bytes, x.down_bytes] for x in layout.layers], np.int64)
 
 
 @dataclass(frozen=True)
@@ -44,19 +30,11 @@ class LlamaMemory(MemoryPlan):
 
 def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
     layout, profile = scenario.layout, scenario.hardware_profile
-    weights = file_weights(layout, where)
-    parts = part_bytes(layout) * layout.n_experts  # whole tensors
+    parts = part_bytes(layout) * layout.n_experts
     cpu_bytes = int(parts[knobs.on_cpu].sum())
     gpu_expert_bytes = int(parts[~knobs.on_cpu].sum())
-    offloading = knobs.op_offload and knobs.on_cpu.any()
-    staging = int(parts[knobs.on_cpu].max()) if offloading else 0
-    activations = ACTIVATION_COPIES * knobs.ubatch * layout.hidden * FP32_BYTES
-    allocations = [Allocation("vram", "runtime reserved (driver, context)", profile.runtime_reserved_bytes),
-                   Allocation("vram", "non-expert weights", weights.gpu_bytes),
-                   Allocation("vram", "expert tensors on the GPU", gpu_expert_bytes),
-                   Allocation("vram", "K/V cache and recurrent state",
-                              knobs.ctx * weights.kv_bytes_per_token + weights.state_bytes),
-                   Allocation("vram", "compute buffer", activations + staging)]
+    allocations = vram_allocations(layout, profile, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload, where)
+    staging = int(parts[knobs.on_cpu].max()) if knobs.op_offload and knobs.on_cpu.any() else 0
     vram_used = sum(a.bytes for a in allocations)
     why = None
     if vram_used > profile.vram_bytes:

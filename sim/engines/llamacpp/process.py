@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engines.base import Bounds, EngineState
-from sim.engines.llamacpp.memory import FP32_BYTES, HOST_WORDS, part_bytes, plan_memory
+from sim.engines.llamacpp.memory import HOST_WORDS, plan_memory
+from sim.engines.llamacpp.vram import FP32_BYTES, part_bytes
 from sim.engines.llamacpp.settings import RUN_PADDING_BYTES, Knobs
 from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
@@ -66,7 +67,9 @@ class LlamaCppProcess:
         self.cpu_parts = on_cpu.sum(axis=1)
         gpu_bytes = (parts * ~on_cpu).sum(axis=1)
         expert_bytes = parts.sum(axis=1)
-        other = file_weights(layout, where).gpu_bytes / self.n_layers  # non-expert weights, spread over the layers
+        weights = file_weights(layout, where)
+        self.attention = weights.attention
+        other = weights.gpu_bytes / self.n_layers  # non-expert weights, spread over the layers
         # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM
         self.decode_gpu_s = machine.vram_read_s(other + self.top_k * gpu_bytes)
         # a prompt token: the profile's figure for the model class (experts resident), split by the bytes each part
@@ -78,6 +81,10 @@ class LlamaCppProcess:
         self.prefill_routed_s = per_token * routed
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_fixed_s = 0.0 if fixed is None else fixed.value * 1e-6
+        # the prompt's attention over its context: the prompt figure's time per FLOP of a token's matmul weights
+        attention = self.attention
+        self.attention_s_per_position = 0.0 if attention.flops_per_position is None else \
+            attention.flops_per_position * per_token / (2 * attention.active_params_per_layer)
         self.hidden_bytes = layout.hidden * FP32_BYTES
         self.main = machine.threads("llama.cpp main thread")
         self.cpu = machine.threads("llama.cpp CPU experts")
@@ -162,26 +169,30 @@ class LlamaCppProcess:
                       tokens=tokens, vram_used_bytes=self.m.memory.used("vram"),
                       ram_used_bytes=self.m.memory.used("ram"), **row)
 
-    def decode_token(self, request: int, step: int, rows: np.ndarray):
-        """One generated token, rows [layers, k]."""
+    def decode_token(self, request: int, step: int, rows: np.ndarray, position: int):
+        """One generated token at a context position, rows [layers, k]: each attention layer also reads the K/V of
+        the positions it attends to."""
         m = self.m
+        kv_s = m.vram_read_s(self.attention.kv_bytes_per_token_layer * self.attention.positions(position, 1)) \
+            / self.n_layers
         for layer in range(self.n_layers):
             start = m.env.now
-            m.gpu.book(self.decode_gpu_s[layer], 0, 0, "layer (GPU)")
+            m.gpu.book(self.decode_gpu_s[layer] + kv_s, 0, 0, "layer (GPU)")
             if self.cpu_layer[layer]:
                 read, fault = yield from self._cpu_layer(layer, rows[layer][None, :], self.knobs.threads)
                 self._step(request, "decode", step, layer, start, 1, file_read_bytes=fault,
                            d2h_bytes=self.hidden_bytes)
         yield m.gpu.drained()
 
-    def ubatch(self, request: int, step: int, rows: np.ndarray):
-        """One prompt ubatch, rows [n, layers, k]."""
+    def ubatch(self, request: int, step: int, rows: np.ndarray, first: int):
+        """One prompt ubatch, rows [n, layers, k], its first token at context position `first`."""
         m, knobs = self.m, self.knobs
         n = len(rows)
         offload = knobs.offloads(n, self.top_k, self.n_experts)
+        attention_s = self.attention_s_per_position * self.attention.positions(first, n) / self.n_layers
         for layer in range(self.n_layers):
             start = m.env.now
-            m.gpu.book(n * self.prefill_other_s[layer] + self.prefill_fixed_s, 0, 0, "layer (GPU)")
+            m.gpu.book(n * self.prefill_other_s[layer] + self.prefill_fixed_s + attention_s, 0, 0, "layer (GPU)")
             if not self.cpu_layer[layer]:
                 m.gpu.book(n * self.prefill_routed_s[layer], 0, 0, "expert GEMMs")
                 continue
@@ -208,11 +219,11 @@ class LlamaCppProcess:
             arrival = env.now
             prompt = routing.prompt
             for step, (first, size) in enumerate(self.ubatches(len(prompt))):
-                yield from self.ubatch(request, step, prompt[first: first + size, : self.n_layers])
+                yield from self.ubatch(request, step, prompt[first: first + size, : self.n_layers], first)
             prefill_end = env.now
             first_token = None
             for i, rows in enumerate(routing.decode):
-                yield from self.decode_token(request, i, rows[: self.n_layers])
+                yield from self.decode_token(request, i, rows[: self.n_layers], len(prompt) + i)
                 if first_token is None:
                     first_token = env.now
             timings.append({"request": request, "arrival_s": arrival, "prefill_end_s": prefill_end,

@@ -9,7 +9,7 @@ from sim.engines.llamacpp.settings import (DEFAULT_UBATCH_TOKENS, KEY_LOAD_MODE,
                                            KEY_UBATCH, KEY_VARIANT)
 
 KNOBS = (
-    Knob(KEY_NCMOE, "MoE layers on the CPU", "layers"),
+    Knob(KEY_NCMOE, "MoE layers on the CPU", "layers", labels={0: "n-cpu-moe=0 (no override: --fit places)"}),
     Knob(KEY_UBATCH, "prompt ubatch", "tokens"),
     Knob(KEY_LOAD_MODE, "load mode", labels={"auto": "file mapping (auto)", "none": "pinned buffer (none)",
                                              "mmap+mlock": "mlocked mapping"}),

@@ -6,7 +6,8 @@ makes of them on a model:
 
   placement   -ot/--override-tensor REGEX=BUFT (in order, the first match wins), then --cpu-moe and --n-cpu-moe N,
               added after the user's -ot so that those win (PR #15077); mainline takes the first N blocks, ik_llama.cpp
-              the last N MoE layers (ik #2262)
+              the last N MoE layers (ik #2262); with none of them mainline's --fit keeps the last layers' experts
+              in host RAM until the rest fits (§2.3)
   host buffer mainline: the file mapping (pageable, page cache) unless --load-mode none (pinned CUDA_Host, or
               plain RAM with GGML_CUDA_NO_PINNED); ik_llama.cpp: pinned whenever a tensor is overridden to the CPU,
               unless GGML_CUDA_NO_PINNED keeps the mapping (§2.2, §7)
@@ -30,6 +31,8 @@ from sim.schema import Strict, digits, env_table
 # fmt: off
 DEFAULT_UBATCH_TOKENS = 512          # common/common.h:444 (n_ubatch), §2.1
 DEFAULT_BATCH_TOKENS = 2048          # common/common.h:443 (n_batch), §2.1
+DEFAULT_CTX_TOKENS = 4096            # common_params n_ctx, as --ctx-size's help states it (default: 4096, 0 = the
+                                     # model's) [E: not in the reference's reading of the code]
 OP_OFFLOAD_MIN_BATCH_DEFAULT = 32    # ggml-cuda.cu:5501/5524 (GGML_OP_OFFLOAD_MIN_BATCH), §3; ik: the same 32
 RUN_PADDING_BYTES = 512              # ggml-backend.cpp:1676-1709: padding after a copied run of experts that is not
                                      # the tensor's last expert (keeps CUDA MMQ from reading NaNs), §3
@@ -74,7 +77,7 @@ VARIANTS = {v.name: v for v in (
             "--n-cpu-moe takes the last N MoE layers on one GPU (ik #2262)"),
 )}
 # Flags and variables one build reads and the other does not: set on the other, the scenario is refused.
-ONLY_IN = {"load-mode": ("mainline", "mainline-pre-15346"), "no-ooae": ("ik",),
+ONLY_IN = {"load-mode": ("mainline", "mainline-pre-15346"), "no-ooae": ("ik",), "fit": ("mainline",),
            "GGML_OP_OFFLOAD_MIN_BATCH": ("mainline", "mainline-pre-15346"), "GGML_CUDA_MIN_BATCH_OFFLOAD": ("ik",)}
 
 ENV_NAMES = ("GGML_OP_OFFLOAD_MIN_BATCH", "GGML_CUDA_MIN_BATCH_OFFLOAD", "GGML_CUDA_NO_PINNED")
@@ -94,14 +97,16 @@ class Flags(Strict):
     batch_size: Annotated[int, Field(ge=1)] = Field(DEFAULT_BATCH_TOKENS, alias="batch-size")  # -b
     threads: Annotated[int, Field(ge=1)] | None = None  # -t; default: the physical cores
     threads_batch: Annotated[int, Field(ge=1)] | None = Field(None, alias="threads-batch")  # -tb; default: -t
-    # -c; unset: the longest request's prompt and output (the model's own trained context is not in the layout)
-    ctx_size: Annotated[int, Field(ge=1)] | None = Field(None, alias="ctx-size")
+    ctx_size: Annotated[int, Field(ge=1)] = Field(DEFAULT_CTX_TOKENS, alias="ctx-size")  # -c
     no_op_offload: bool = Field(False, alias="no-op-offload")
     # --load-mode (mainline, #20834): auto and mmap map the file; none reads it into pinned buffers; mlock pins pages
     load_mode: Literal["auto", "none", "mmap", "mlock", "mmap+mlock"] | None = Field(None, alias="load-mode")
     no_mmap: bool = Field(False, alias="no-mmap")  # the older spelling of --load-mode none (still parsed)
     mlock: bool = False  # the older spelling of --load-mode mmap+mlock
     no_ooae: bool = Field(False, alias="no-ooae")  # ik: copy whole expert tensors under op offload
+    # mainline --fit (#16653, default on): with no -ot / --cpu-moe / --n-cpu-moe, keep the experts of the last layers
+    # in host RAM until the rest fits with a 1 GiB margin; any of those flags turns it off (common/fit.cpp:395-400)
+    fit: Literal["on", "off"] = "on"
 
 
 class Settings(Strict):
@@ -166,6 +171,11 @@ def cpu_placement(where: str, layout, flags: Flags, variant: Variant) -> np.ndar
     return on_cpu
 
 
+def fits_itself(flags: Flags, variant: Variant) -> bool:
+    """Whether mainline's --fit places the experts (§2.3): on by default, given up once the user places tensors."""
+    return not variant.ik and flags.fit == "on" and not (flags.override_tensor or flags.cpu_moe or flags.n_cpu_moe)
+
+
 def _env_count(where: str, env, name: str) -> int | None:
     text = getattr(env, name, None)
     if text is None:
@@ -197,7 +207,15 @@ class Knobs:
         engine, layout, profile = scenario.engine, scenario.layout, scenario.hardware_profile
         flags, env = engine.flags, engine.env
         variant = VARIANTS[engine.variant]
-        on_cpu = cpu_placement(where, layout, flags, variant)
+        ctx = flags.ctx_size
+        batch = min(flags.batch_size, ctx)
+        ubatch = min(flags.ubatch_size, batch)
+        if fits_itself(flags, variant):
+            from sim.engines.llamacpp.vram import fit_placement  # its sizes need the load's allocations
+
+            on_cpu = fit_placement(layout, profile, ctx, ubatch, not flags.no_op_offload, where)
+        else:
+            on_cpu = cpu_placement(where, layout, flags, variant)
         pinning = getattr(env, "GGML_CUDA_NO_PINNED", None) in (None, "0", "")  # else no CUDA_Host buffers
         if variant.ik:  # mmap is disabled when a tensor is overridden to the CPU, unless pinning is off (§7)
             mapped = not flags.no_mmap and not (on_cpu.any() and pinning)
@@ -208,13 +226,10 @@ class Knobs:
             mlock = mode in ("mlock", "mmap+mlock")
         # without the mapping the CPU experts are read into a CUDA_Host (pinned) buffer, or plain RAM without pinning
         host = "mapped" if mapped else "pinned" if pinning else "ram"
-        requests = scenario.workload.requests
-        ctx = flags.ctx_size or max(r.prompt_tokens + r.decode_tokens for r in requests)
-        batch = min(flags.batch_size, ctx)
         threads = flags.threads or int(profile.host.physical_cores.value)
         env_name = "GGML_CUDA_MIN_BATCH_OFFLOAD" if variant.ik else "GGML_OP_OFFLOAD_MIN_BATCH"
         min_batch = _env_count(where, env, env_name)
-        return cls(variant, on_cpu, host, mlock, min(flags.ubatch_size, batch), batch, ctx, threads,
+        return cls(variant, on_cpu, host, mlock, ubatch, batch, ctx, threads,
                    flags.threads_batch or threads, not flags.no_op_offload,
                    OP_OFFLOAD_MIN_BATCH_DEFAULT if min_batch is None else min_batch,
                    variant.copy_used_only and not flags.no_ooae)

@@ -1,11 +1,12 @@
 """What a llama.cpp run holds besides the routed experts, per model file: the weights it loads to the GPU (every
 tensor but the routed experts and the token embedding: llama.cpp keeps the input layer on the CPU, where a token
-reads one row of it) and the K/V bytes per context token. Only files with a sourced figure are run; another model is
-refused naming these.
+reads one row of it), and what its attention costs per position of context (`Attention`). Only files with a sourced
+figure are run; another model is refused naming these.
 
-The GPU's time for those weights comes from the machine: in decode a layer streams its share of them out of VRAM
-(Machine.vram_read_s); in a prompt ubatch the profile's prompt figure for the model class is split between them
-and the routed experts by bytes (the reference's §9: no per-op figure of llama.cpp's kernels is published).
+The GPU's time for those weights comes from the machine: in decode a layer streams its share of them, and the K/V of
+the positions it attends to, out of VRAM (Machine.vram_read_s); in a prompt ubatch the profile's prompt figure for the
+model class is split between them and the routed experts by bytes, and the attention over the context adds that
+figure's time per FLOP (the reference's §9: no per-op figure of llama.cpp's kernels is published).
 """
 
 from __future__ import annotations
@@ -17,17 +18,60 @@ from sim.model.quant import tensor_bytes
 from sim.units import GIB, MIB
 
 F16_BYTES = 2  # llama.cpp's default K/V cache type (-ctk/-ctv f16)
+QWEN_VOCAB = 248_320  # Qwen3.8-Flash-Next's vocabulary (strata-engine.md §2.1), taken for Qwen3.6 too [E]
+GPT_OSS_VOCAB = 201_088  # gpt-oss's o200k_harmony vocabulary
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What a token's context costs in the attention layers: the K/V bytes each caches per token (F16), how many
+    layers attend to every past position and how many to a window of the last `window`, and, for the prompt, the
+    FLOPs of one query against one past position (QK and AV: 2 x 2 x query heads x head_dim) with the matmul weights a
+    token passes through per layer (its active parameters), which the profile's prompt figure is the time of."""
+
+    kv_bytes_per_token_layer: int
+    full_layers: int
+    window_layers: int = 0
+    window: int = 0
+    flops_per_position: int | None = None  # None: the prompt's attention is not priced (its head layout not held)
+    active_params_per_layer: float | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token_layer * (self.full_layers + self.window_layers)
+
+    def cache_bytes(self, ctx: int, ubatch: int) -> int:
+        """The K/V cache llama.cpp allocates: every position of the context in a full-attention layer, the window and a
+        ubatch in a window layer (its SWA cache; --swa-full would give those the context too) [E from C: the iSWA
+        cache's size is read from the flag's help, not from the code]."""
+        per_layer = self.kv_bytes_per_token_layer
+        return per_layer * (self.full_layers * ctx + self.window_layers * min(ctx, self.window + ubatch))
+
+    def positions(self, first: int, n: int) -> float:
+        """Layer-positions that queries at positions first .. first+n-1 attend to, each to itself and what precedes
+        it (a window layer to at most `window` of them)."""
+        full = n * first + n * (n + 1) / 2
+        below = max(0, min(first + n, self.window) - first)  # queries whose window is not full yet
+        capped = below * first + below * (below + 1) / 2 + (n - below) * self.window
+        return self.full_layers * full + self.window_layers * capped
 
 
 @dataclass(frozen=True)
 class FileWeights:
     gpu_bytes: int  # every tensor but the routed experts and the token embedding
-    kv_bytes_per_token: int  # K and V of every attention layer at F16
+    attention: Attention
     state_bytes: int  # fixed recurrent state (linear-attention layers), independent of the context
+    vocab: int  # rows of the output projection: a ubatch's logits are vocab x tokens fp32
     source: str
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.attention.kv_bytes_per_token
 
-_QWEN38_KV = 12 * 2 * 256 * 2 * F16_BYTES  # 12 full-attention (QSA) layers x 2 KV heads x head_dim 256 x K,V
+
+# 12 QSA layers x 2 KV heads x head_dim 256 x K,V; a query reads the ~2,048 cells QSA selects (strata-engine.md §2.1),
+# taken as a window of 2,048 [E: the indexer's pass over every cell is not priced]
+_QWEN38_ATTENTION = Attention(2 * 256 * 2 * F16_BYTES, 0, 12, 2048)
 _QWEN38_STATE = 36 * 3 * MIB  # 36 GDN layers, ~3 MiB of state each (strata-engine.md §2.1)
 _QWEN38_SOURCE = ("[M] the same GGUF's non-expert tensors as Strata's logs load them (1,466 MiB of weights + the "
                   "projections + the output head, sim/engines/strata/memory.py PACK_WEIGHTS; strata-engine.md §2.1 "
@@ -41,21 +85,29 @@ _QWEN38_SOURCE = ("[M] the same GGUF's non-expert tensors as Strata's logs load 
 # 256, as Qwen3-Next's full_attention_interval 4 and 2 KV heads of 256, hardware-and-gguf.md §4 [E]); GLM-4.7-Flash
 # is MLA (a 512-wide latent + 64 rope dims cached per layer, as DeepSeek's MLA [E]) in 47 layers.
 _Q4_K_M_FILES = {
-    "qwen3.6-35b-a3b": (21.1, 248_320, 10 * 2 * 256 * 2 * F16_BYTES,
-                        "[M] Qwen3.6-35B-A3B Q4_K_M 21.1 GiB (thecodacus/llama.cpp PR #5, llamacpp-engine.md §11 P22)"),
-    "glm-4.7-flash": (17.1, 154_880, 47 * (512 + 64) * F16_BYTES,
-                      "[M] GLM-4.7-Flash Q4_K_M 17.1 GiB (thecodacus/llama.cpp PR #6, llamacpp-engine.md §11 P22)"),
+    "qwen3.6-35b-a3b": (21.1, QWEN_VOCAB, Attention(2 * 256 * 2 * F16_BYTES, 10, flops_per_position=4 * 16 * 256,
+                                                 active_params_per_layer=3e9 / 40),
+                        "[M] Qwen3.6-35B-A3B Q4_K_M 21.1 GiB (thecodacus/llama.cpp PR #5, llamacpp-engine.md §11 P22); "
+                        "16 query heads of 256 as Qwen3-Next [E]; 3 B active (A3B) over 40 layers"),
+    "glm-4.7-flash": (17.1, 154_880, Attention((512 + 64) * F16_BYTES, 47),
+                      "[M] GLM-4.7-Flash Q4_K_M 17.1 GiB (thecodacus/llama.cpp PR #6, llamacpp-engine.md §11 P22); its "
+                      "MLA heads are not held: the prompt's attention is not priced"),
 }
+# gpt-oss: 64 query heads and 8 KV heads of 64, layers alternating a 128-token sliding window and full attention
+# (hardware-and-gguf.md §4); active parameters 3.6 B (20b) and 5.1 B (120b) over 24 and 36 layers (§4).
+_GPT_OSS_KV = 8 * 64 * 2 * F16_BYTES
 
 
 def _embedding(vocab: int, hidden: int, type_name: str) -> int:
     return tensor_bytes(type_name, vocab * hidden)
 
 
-def _gpt_oss(file_gib: float, layout, n_layers: int, source: str) -> FileWeights:
+def _gpt_oss(file_gib: float, layout, n_layers: int, active_params: float, source: str) -> FileWeights:
     # the file less its routed experts and its token embedding (201,088 x 2880; Q8_0 in the MXFP4 files [E])
-    gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(201_088, layout.hidden, "Q8_0")
-    return FileWeights(gpu, n_layers * 8 * 64 * 2 * F16_BYTES, 0, source)
+    gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(GPT_OSS_VOCAB, layout.hidden, "Q8_0")
+    attention = Attention(_GPT_OSS_KV, n_layers // 2, n_layers - n_layers // 2, 128, 4 * 64 * 64,
+                          active_params / n_layers)
+    return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, source)
 
 
 def file_weights(layout, where: str) -> FileWeights:
@@ -64,20 +116,20 @@ def file_weights(layout, where: str) -> FileWeights:
     if name.startswith("qwen3.8-flash-next"):
         dense = {"qwen3.8-flash-next-iq3s": 3982, "qwen3.8-flash-next-iq2xs": 3263,
                  "qwen3.8-flash-next-iq3xxs": 3664}.get(name, (3982 + 3263 + 3664) // 3)
-        return FileWeights(dense * MIB, _QWEN38_KV, _QWEN38_STATE, _QWEN38_SOURCE)
+        return FileWeights(dense * MIB, _QWEN38_ATTENTION, _QWEN38_STATE, QWEN_VOCAB, _QWEN38_SOURCE)
     if name == "gpt-oss-120b":
-        return _gpt_oss(59.02, layout, 36,
+        return _gpt_oss(59.02, layout, 36, 5.1e9,
                         "[M] the MXFP4 GGUF is 59.02 GiB as llama-bench prints it (llamacpp-engine.md §11, ik #683); "
-                        "64 heads / 8 KV heads of 64 in 36 layers (hardware-and-gguf.md §4; the sliding-window "
-                        "layers' smaller cache is not modelled)")
+                        "64 heads / 8 KV heads of 64 in 36 layers, half of them a 128-token window (hardware-and-gguf.md "
+                        "§4)")
     if name == "gpt-oss-20b":
-        return _gpt_oss(11.27, layout, 24,
+        return _gpt_oss(11.27, layout, 24, 3.6e9,
                         "[M] the MXFP4 GGUF is 11.27 GiB as llama-bench prints it (llamacpp-engine.md §11, ik #683); "
                         "the same attention as gpt-oss-120b in 24 layers (hardware-and-gguf.md §4)")
     if name in _Q4_K_M_FILES:
-        file_gib, vocab, kv, source = _Q4_K_M_FILES[name]
+        file_gib, vocab, attention, source = _Q4_K_M_FILES[name]
         gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(vocab, layout.hidden, "Q4_K")
-        return FileWeights(gpu, kv, 0, source)
+        return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, source)
     raise InputError(where, "model", name, "llama.cpp is modelled for files whose non-expert weights are sourced: "
                                            f"the qwen3.8-flash-next packs, gpt-oss-20b, gpt-oss-120b, "
                                            f"{', '.join(_Q4_K_M_FILES)}")
