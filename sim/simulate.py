@@ -101,6 +101,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None) -> Run
     profile = scenario.hardware_profile
     state = process.state()
     bound = process.bounds(measured).belady_decode_hit_rate
+    decode_hits = hit_rate(decode)
     elapsed = float(timing["end_s"].max())
     servers = machine.servers()
     summary = {
@@ -118,10 +119,10 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None) -> Run
         "file_blob_reads": int(prefill["file_blob_reads"].sum()),
         "prefill_tok_s": safe_rate(m["prompt_tokens"], m["prefill_end_s"] - m["arrival_s"]),
         "decode_tok_s": safe_rate(m["decode_tokens"], m["end_s"] - m["prefill_end_s"]),
-        "decode_hit_rate": hit_rate(decode),
+        "decode_hit_rate": decode_hits,
         "prefill_hit_rate": hit_rate(prefill),
         "belady_decode_hit_rate": bound,
-        "belady_gap": None if bound is None or hit_rate(decode) is None else bound - hit_rate(decode),
+        "belady_gap": None if bound is None or decode_hits is None else bound - decode_hits,
         "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
         "simulated_s": elapsed,
         "simulated_events": env.events_scheduled,

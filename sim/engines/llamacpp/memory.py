@@ -25,7 +25,6 @@ HOST_WORDS = {"mapped": "file mapping, pageable", "pinned": "pinned CUDA_Host bu
 @dataclass(frozen=True)
 class LlamaMemory(MemoryPlan):
     cpu_expert_bytes: int = 0  # every expert slice in host memory
-    staging_bytes: int = 0  # one CPU expert tensor staged on the GPU under op offload
 
 
 def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
@@ -34,7 +33,6 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
     cpu_bytes = int(parts[knobs.on_cpu].sum())
     gpu_expert_bytes = int(parts[~knobs.on_cpu].sum())
     allocations = vram_allocations(layout, profile, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload, where)
-    staging = int(parts[knobs.on_cpu].max()) if knobs.op_offload and knobs.on_cpu.any() else 0
     vram_used = sum(a.bytes for a in allocations)
     why = None
     if vram_used > profile.vram_bytes:
@@ -55,4 +53,4 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
                        notices=(f"experts in host memory: {cpu_bytes / GIB:.2f} GiB ({HOST_WORDS[knobs.host]}), "
                                 f"on the GPU: "
                                 f"{gpu_expert_bytes / GIB:.2f} GiB",),
-                       cpu_expert_bytes=cpu_bytes, staging_bytes=staging)
+                       cpu_expert_bytes=cpu_bytes)

@@ -25,6 +25,7 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from sim.engines.llamacpp.vram import fit_placement
 from sim.errors import InputError
 from sim.schema import Strict, digits, env_table
 
@@ -211,8 +212,6 @@ class Knobs:
         batch = min(flags.batch_size, ctx)
         ubatch = min(flags.ubatch_size, batch)
         if fits_itself(flags, variant):
-            from sim.engines.llamacpp.vram import fit_placement  # its sizes need the load's allocations
-
             on_cpu = fit_placement(layout, profile, ctx, ubatch, not flags.no_op_offload, where)
         else:
             on_cpu = cpu_placement(where, layout, flags, variant)
