@@ -124,3 +124,49 @@ def test_threads_beyond_the_physical_cores_add_nothing():
     """rtx-4090's assumed desktop has 8 physical cores: -t 16 runs them as -t 8 does, -t 4 on half of them."""
     eight, sixteen, four = (_run(1, 8, threads=t).summary["decode_tok_s"] for t in (8, 16, 4))
     assert sixteen == pytest.approx(eight, rel=1e-12) and four < eight
+
+
+def _run_turns(turns: list[dict], **flags):
+    data = tomllib.loads(SEED.read_text())
+    data["engine"]["flags"] = {"ctx-size": 8192, "n-cpu-moe": 40, **flags}
+    data["workload"] = {"requests": turns}
+    return run_scenario(load_scenario(SEED, data))
+
+
+def test_a_turn_that_continues_the_slot_computes_only_its_new_tokens():
+    """llama-server keeps a slot's K/V: a second turn of the same conversation sends the 1,000 + 24 tokens before it
+    again and 600 new ones; only the 600 are computed (the timings count what was computed, as llama.cpp reports
+    it). A turn of another conversation starts afresh, and so does one after it."""
+    first = {"prompt_tokens": 1000, "decode_tokens": 24, "conversation": "a"}
+    same = _run_turns([first, {"prompt_tokens": 1624, "decode_tokens": 4, "conversation": "a"}])
+    other = _run_turns([first, {"prompt_tokens": 1624, "decode_tokens": 4, "conversation": "b"}])
+    assert same.timings["prompt_tokens"].tolist() == [1000, 600]
+    assert other.timings["prompt_tokens"].tolist() == [1000, 1624]
+    assert same.summary["engine_state"]["reused_prompt_tokens"] == 1024
+    assert other.summary["engine_state"]["reused_prompt_tokens"] == 0
+    # the 600 tokens run as two ubatches (512 + 88) starting at position 1,024
+    steps = same.steps[(same.steps["request"] == 1) & (same.steps["phase"] == "prefill")]
+    assert sorted(steps.groupby("step")["tokens"].first().tolist()) == [88, 512]
+
+
+def test_a_whole_prompt_held_computes_its_last_token_again():
+    """A turn whose prompt the slot already holds whole still computes one token (its logits)."""
+    result = _run_turns([{"prompt_tokens": 700, "decode_tokens": 0, "conversation": "a"},
+                         {"prompt_tokens": 700, "decode_tokens": 2, "conversation": "a"}])
+    assert result.timings["prompt_tokens"].tolist() == [700, 1]
+
+
+def test_a_prompt_at_depth_costs_more_than_the_same_prompt_at_the_start():
+    """gpt-oss-20b all on the GPU (no copy whose size follows the routing): the same 512 new tokens after 6,144 held
+    ones attend to more positions in its 12 full-attention layers than after 1, a slower ubatch. (The qwen3.8 packs'
+    attention is a window whose prompt cost is not priced.)"""
+    def turns(depth: int):
+        data = tomllib.loads(SEED.read_text())
+        data.update(model="gpt-oss-20b", trace={"generator": "gpt-oss-20b", "seed": 0})
+        data["engine"]["flags"] = {"ctx-size": 8192}
+        data["workload"] = {"requests": [
+            {"prompt_tokens": depth, "decode_tokens": 0, "conversation": "a"},
+            {"prompt_tokens": depth + 512, "decode_tokens": 1, "conversation": "a", "measured": True}]}
+        return run_scenario(load_scenario(SEED, data)).summary["prefill_tok_s"]
+
+    assert turns(6144) < 0.97 * turns(1)

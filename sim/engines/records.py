@@ -116,6 +116,15 @@ RECORDS: tuple[Record, ...] = (
            "the mean of 288.2 us (b80: (1000/19.37 - 1000/22.80) ms / 40 + 94.0 us) and 230.9 us (b64: 1000/20.27); "
            "antirez/ds4#437, tkhr-sait/ds4 ssd-streaming-memo/README.md §2a and §6b (measured 2026-06-17)",
            (230.9, 288.2), "the two runs it is the mean of: b64 (88 % of the experts cached) and b80 (all of them)"),
+    # llama.cpp, GLM-4.7-Flash on the RTX 3060 box of case L22: no routing of GLM-4.7-Flash is stored, so its generator
+    # preset borrows another 64-expert model's measured popularity and reuse (sim/trace/generator_spec.py). The stand-in
+    # was switched to OLMoE-1B-7B's after L22's prefill ratio had been seen failing (the ubatch's union of used experts
+    # follows the reuse), so the choice is recorded as fitted there and L22 is a calibration case. The engine reads
+    # nothing of it (the trace generator does): the figure is the borrowed decode reuse the preset targets.
+    Record("llamacpp-glm47-routing-standin", "generator reuse_decode_mean (OLMoE-1B-7B stand-in)", 0.422, "share",
+           "llama.cpp", "glm-4.7-flash", "rtx-3060-12gb", None, "L22",
+           "OLMoE-1B-7B's measured reuse (colibri route200) and popularity (allenai/OLMoE counts), taken for "
+           "GLM-4.7-Flash's routing while L22's prefill ratio was compared (generator preset glm-4.7-flash)"),
     # Strata's own runtime buffers in VRAM before the cache is sized (the CUDA/HIP runtime's module images, cuBLAS
     # and cuBLASLt handles and workspaces, small session-adjacent buffers): what Strata's loading logs leave when
     # the card's total, its free VRAM at sizing and every other term are known (strata.memory.vram_before_cache:

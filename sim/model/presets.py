@@ -148,6 +148,11 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             "hardware-and-gguf.md §4 (alibaba/InferSim qwen3-30B-A3B_config.json); quant: Q4_K gate/up + "
             "Q6_K down, our Q4_K_M-like choice",
             n_blocks=48, n_experts=128, top_k=8, n_shared=0, hidden=2048, expert_width=768, recipe=_Q4_K_M_LIKE),
+    # The same geometry as llama.cpp quantises a Q4_K_M file (AlexsJones/llmfit #755, validation case L10).
+    _layout("qwen3-30b-a3b-q4_k_m",
+            "hardware-and-gguf.md §4 (alibaba/InferSim qwen3-30B-A3B_config.json); quant: llama.cpp's Q4_K_M rule for "
+            "the expert tensors",
+            n_blocks=48, n_experts=128, top_k=8, n_shared=0, hidden=2048, expert_width=768, recipe=_q4_k_m(48)),
     # Qwen3-Next-80B-A3B: hardware-and-gguf.md §4 (InferSim qwen3-next-80B-A3B_config.json): 48 layers,
     # 512 experts, top-10, 1 shared (resident), hidden 2048, moe width 512.
     _layout("qwen3-next-80b-a3b",
@@ -189,6 +194,12 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             "hardware-and-gguf.md §4 (the Qwen3.5-35B-A3B config; 3.6 assumed the same); quant: llama.cpp's Q4_K_M rule "
             "for the expert tensors",
             n_blocks=40, n_experts=256, top_k=8, n_shared=1, hidden=2048, expert_width=512, recipe=_q4_k_m(40)),
+    # The same model's Q8_0 file (ik_llama.cpp #2262, validation case L07): every expert tensor Q8_0.
+    _layout("qwen3.6-35b-a3b-q8_0",
+            "hardware-and-gguf.md §4 (the Qwen3.5-35B-A3B config; 3.6 assumed the same); quant: Q8_0 expert tensors "
+            "(a Q8_0 file)",
+            n_blocks=40, n_experts=256, top_k=8, n_shared=1, hidden=2048, expert_width=512,
+            recipe=_uniform("Q8_0", "Q8_0")),
     # GLM-4.7-Flash: hardware-and-gguf.md §4 (THUDM/slime glm4.7-30B-A3B.sh): 47 layers, block 0 dense, 64 experts,
     # top-4, 1 shared, hidden 2048, moe width 1536.
     _layout("glm-4.7-flash",

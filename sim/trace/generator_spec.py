@@ -354,6 +354,10 @@ GENERATOR_PRESETS["glm-4.7-flash"] = _fine(
                     source="no GLM-4.7-Flash heat stored: OLMoE-1B-7B's (64 experts too), see its preset"),
     reuse=dict(GENERATOR_PRESETS["olmoe-1b-7b"]["reuse"], source="borrowed from OLMoE-1B-7B (colibri route200)"),
     targets={"reuse_decode_mean": dict(value=0.422, source="borrowed from OLMoE-1B-7B")})
+# A file's quantisation changes the bytes, not the router: these share their model's spec (its stored calibration and
+# its traces), as Strata's packs share the IQ3_S preset's.
+for _name, _of in (("qwen3.6-35b-a3b-q8_0", "qwen3.6-35b-a3b"), ("qwen3-30b-a3b-q4_k_m", "qwen3-30b-a3b")):
+    GENERATOR_PRESETS[_name] = {**copy.deepcopy(GENERATOR_PRESETS[_of]), "model": _name}
 GENERATOR_PRESETS["glm-5.2"]["coactivation"]["partner_prob"] = 0.15
 _V2_LITE = ("the DeepSeek-V2-Lite-Chat trace of ngavhane/moe-beyond @ 4dca2eac (1,999 teacher-forced prompts, "
             "192,023 tokens; traces/derive_deepseek_v2_lite.py)")

@@ -12,7 +12,8 @@ another, §3). Per MoE layer whose expert tensors live in host memory:
   a ubatch the GPU takes (op offload)
       the host reads the ids back (synchronous), and copies the experts the ubatch uses (#15346; every expert before
       it, and in ik_llama.cpp with -no-ooae) over PCIe, consecutive ids merged into one copy, pageable from the
-      mapping or a plain RAM buffer, or pinned; the GPU multiplies. The copy and the GEMM share the backend's stream: they serialise.
+      mapping or a plain RAM buffer, or pinned; the GPU multiplies. The copy and the GEMM share the backend's
+      stream: they serialise.
 
 GPU-resident layers run on the GPU only. Every layer of every token or ubatch is a row of steps.parquet.
 """
@@ -103,7 +104,7 @@ class LlamaCppProcess:
             keys = (np.flatnonzero(self.cpu_layer)[:, None] * self.n_experts + np.arange(self.n_experts)).ravel()
             machine.page_cache.warm(keys)
         self.totals = dict(offloaded_layer_steps=0, cpu_layer_steps=0, h2d_expert_bytes=0, h2d_expert_copies=0,
-                           cpu_expert_read_bytes=0, page_fault_read_bytes=0)
+                           cpu_expert_read_bytes=0, page_fault_read_bytes=0, reused_prompt_tokens=0)
 
     # --- the pieces -------------------------------------------------------------------------------
 
@@ -213,19 +214,29 @@ class LlamaCppProcess:
         return out
 
     def serve(self, env, timings: list):
+        """The requests in order on one slot. A request that continues the conversation the slot holds reuses its
+        K/V: only the prompt's new tokens are computed, from the position the slot reached (llama-server's prompt
+        cache of a slot; llama-bench -d and llama-sweep-bench measure at such a depth). Any other request starts the
+        slot afresh. The request's prompt_tokens in the timings are the tokens computed, as llama.cpp reports them."""
+        held = (None, 0)  # (conversation, tokens of K/V) the slot holds
         for request, (spec, routing) in enumerate(zip(self.scenario.workload.requests, self.routing.requests)):
             if spec.think_time_s:
                 yield env.timeout(spec.think_time_s)
             arrival = env.now
-            prompt = routing.prompt
+            # the whole prompt held: its last token is computed again for the logits (at least one token is)
+            continues = held[0] is not None and spec.conversation == held[0]
+            reused = min(held[1], len(routing.prompt) - 1) if continues else 0
+            self.totals["reused_prompt_tokens"] += reused
+            prompt = routing.prompt[reused:]
             for step, (first, size) in enumerate(self.ubatches(len(prompt))):
-                yield from self.ubatch(request, step, prompt[first: first + size, : self.n_layers], first)
+                yield from self.ubatch(request, step, prompt[first: first + size, : self.n_layers], reused + first)
             prefill_end = env.now
             first_token = None
             for i, rows in enumerate(routing.decode):
-                yield from self.decode_token(request, i, rows[: self.n_layers], len(prompt) + i)
+                yield from self.decode_token(request, i, rows[: self.n_layers], len(routing.prompt) + i)
                 if first_token is None:
                     first_token = env.now
+            held = (spec.conversation, len(routing.prompt) + len(routing.decode))
             timings.append({"request": request, "arrival_s": arrival, "prefill_end_s": prefill_end,
                             "first_token_s": first_token if first_token is not None else prefill_end,
                             "end_s": env.now, "prompt_tokens": len(prompt), "decode_tokens": len(routing.decode)})

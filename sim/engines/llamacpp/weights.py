@@ -20,6 +20,7 @@ from sim.units import GIB, MIB
 F16_BYTES = 2  # llama.cpp's default K/V cache type (-ctk/-ctv f16)
 QWEN_VOCAB = 248_320  # Qwen3.8-Flash-Next's vocabulary (strata-engine.md §2.1), taken for Qwen3.6 too [E]
 GPT_OSS_VOCAB = 201_088  # gpt-oss's o200k_harmony vocabulary
+QWEN3_VOCAB = 151_936  # Qwen3's (tokenizer.ggml.tokens arr[str,151936] in a Qwen3 GGUF's load log, ollama#10740)
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,34 @@ _QWEN38_SOURCE = ("[M] the same GGUF's non-expert tensors as Strata's logs load 
                   "for the 12 QSA layers' 2 KV heads of 256 and the 36 GDN layers' ~3 MiB of state)")
 
 
-# Q4_K_M files of llamacpp-engine.md §11 P22 (sizes as llama-bench prints them): the file less the preset's expert
-# tensors (llama.cpp's Q4_K_M rule) and the token embedding (the file type's Q4_K [E]; vocabularies: Qwen's 248,320
-# rows as Qwen3.8's (strata-engine.md §2.1) [E], GLM-4.7-Flash's 154,880, hardware-and-gguf.md §4) is the rest.
-# K/V at F16: Qwen3.6-35B-A3B has Qwen3.5's hybrid layout (a quarter of its 40 layers full attention, 2 KV heads of
-# 256, as Qwen3-Next's full_attention_interval 4 and 2 KV heads of 256, hardware-and-gguf.md §4 [E]); GLM-4.7-Flash
-# is MLA (a 512-wide latent + 64 rope dims cached per layer, as DeepSeek's MLA [E]) in 47 layers.
-_Q4_K_M_FILES = {
-    "qwen3.6-35b-a3b": (21.1, QWEN_VOCAB, Attention(2 * 256 * 2 * F16_BYTES, 10, flops_per_position=4 * 16 * 256,
-                                                 active_params_per_layer=3e9 / 40),
+# Files of llamacpp-engine.md §11: the file less the preset's expert tensors and the token embedding (the file type's
+# type [E]; vocabularies: Qwen's 248,320 rows as Qwen3.8's (strata-engine.md §2.1) [E], GLM-4.7-Flash's 154,880,
+# hardware-and-gguf.md §4) is the rest. K/V at F16: Qwen3.6-35B-A3B has Qwen3.5's hybrid layout (a quarter of its 40
+# layers full attention, 2 KV heads of 256, as Qwen3-Next's full_attention_interval 4 and 2 KV heads of 256,
+# hardware-and-gguf.md §4 [E]); GLM-4.7-Flash is MLA (a 512-wide latent + 64 rope dims cached per layer, as DeepSeek's
+# MLA [E]) in 47 layers.
+_QWEN36_ATTENTION = Attention(2 * 256 * 2 * F16_BYTES, 10, flops_per_position=4 * 16 * 256,
+                              active_params_per_layer=3e9 / 40)
+_QWEN36_HEADS = "16 query heads of 256 as Qwen3-Next [E]; 3 B active (A3B) over 40 layers"
+# Qwen3.6-35B-A3B has 35.51 B parameters as llama-bench prints them (ggml-org/llama.cpp PR #26678, its UD-Q4_K_M
+# file); a Q8_0 file stores them at 34 bytes per 32 weights (GGML's block table; norms and the small recurrent tensors
+# at F32 are neglected) [D]
+_QWEN36_Q8_0_GIB = 35.51e9 * 34 / 32 / GIB
+_FILES = {
+    "qwen3.6-35b-a3b": (21.1, QWEN_VOCAB, _QWEN36_ATTENTION, "Q4_K",
                         "[M] Qwen3.6-35B-A3B Q4_K_M 21.1 GiB (thecodacus/llama.cpp PR #5, llamacpp-engine.md §11 P22); "
-                        "16 query heads of 256 as Qwen3-Next [E]; 3 B active (A3B) over 40 layers"),
-    "glm-4.7-flash": (17.1, 154_880, Attention((512 + 64) * F16_BYTES, 47),
+                        + _QWEN36_HEADS),
+    "qwen3.6-35b-a3b-q8_0": (_QWEN36_Q8_0_GIB, QWEN_VOCAB, _QWEN36_ATTENTION, "Q8_0",
+                             f"[D] Qwen3.6-35B-A3B Q8_0 {_QWEN36_Q8_0_GIB:.2f} GiB: 35.51 B parameters (llama-bench, "
+                             f"ggml-org/llama.cpp PR #26678) at Q8_0's 8.5 bits; " + _QWEN36_HEADS),
+    "qwen3-30b-a3b-q4_k_m": (17.28, QWEN3_VOCAB,
+                             Attention(4 * 128 * 2 * F16_BYTES, 48, flops_per_position=4 * 32 * 128,
+                                       active_params_per_layer=3e9 / 48), "Q4_K",
+                             "[M] Qwen3-30B-A3B Q4_K_M 17.28 GiB as llama-bench prints it ('qwen3moe 30B.A3B Q4_K - "
+                             "Medium | 17.28 GiB | 30.53 B' in published tables, indexed copies 68998277046, "
+                             "43444007762); 32 query heads and 4 KV heads of 128 in 48 full-attention layers "
+                             "(hardware-and-gguf.md §4); 3 B active (A3B) over 48 layers"),
+    "glm-4.7-flash": (17.1, 154_880, Attention((512 + 64) * F16_BYTES, 47), "Q4_K",
                       "[M] GLM-4.7-Flash Q4_K_M 17.1 GiB (thecodacus/llama.cpp PR #6, llamacpp-engine.md §11 P22); its "
                       "MLA heads are not held: the prompt's attention is not priced"),
 }
@@ -126,10 +143,10 @@ def file_weights(layout, where: str) -> FileWeights:
         return _gpt_oss(11.27, layout, 24, 3.6e9,
                         "[M] the MXFP4 GGUF is 11.27 GiB as llama-bench prints it (llamacpp-engine.md §11, ik #683); "
                         "the same attention as gpt-oss-120b in 24 layers (hardware-and-gguf.md §4)")
-    if name in _Q4_K_M_FILES:
-        file_gib, vocab, attention, source = _Q4_K_M_FILES[name]
-        gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(vocab, layout.hidden, "Q4_K")
-        return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, source)
+    if name in _FILES:
+        file_gib, vocab, attention, embedding_type, source = _FILES[name]
+        gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(vocab, layout.hidden, embedding_type)
+        return FileWeights(gpu, attention, 0, vocab, source)
     raise InputError(where, "model", name, "llama.cpp is modelled for files whose non-expert weights are sourced: "
                                            f"the qwen3.8-flash-next packs, gpt-oss-20b, gpt-oss-120b, "
-                                           f"{', '.join(_Q4_K_M_FILES)}")
+                                           f"{', '.join(_FILES)}")
