@@ -25,7 +25,7 @@ EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060t
             "rtx-5090-9700x-windows", "rtx-4090-14900k-32gb", "rx-7700xt-docker-10gib", "rtx-4070-laptop-8gb-windows",
             "rtx-5070-12gb-windows", "rtx-5080-16gb-windows", "rtx-3060-12gb", "rx-7700xt-12gb", "strix-halo-128gb-stock",
             "rx-7900xt-20gb-5900x", "rtx-4080-7950x", "rtx-4080-5975wx", "rtx-3090", "rtx-2080-10900x",
-            "rx-6900xt-16gb-7900"}
+            "rx-6900xt-16gb-7900", "rtx-4070-12gb-wsl2"}
 UNIFIED = {"dgx-spark-gb10", "strix-halo-128gb", "strix-halo-128gb-stock", "m5-pro-64gb"}
 
 

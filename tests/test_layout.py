@@ -162,7 +162,7 @@ def test_preset_names_are_exactly_the_agreed_ones():
         "qwen3.8-flash-next-iq3s", "qwen3.8-flash-next-q2_0", "qwen3.8-flash-next-iq3xxs",
         "qwen3.8-flash-next-huihui-iq3s", "qwen3.8-flash-next-iq2xs", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "mixtral-8x7b", "olmoe-1b-7b",
         "glm-5.2", "gpt-oss-120b", "gpt-oss-20b", "qwen3.6-35b-a3b", "glm-4.7-flash",
-        "qwen3.6-35b-a3b-q8_0", "qwen3-30b-a3b-q4_k_m"])
+        "qwen3.6-35b-a3b-q8_0", "qwen3-30b-a3b-q4_k_m", "qwen3.5-35b-a3b", "mixtral-8x7b-q4_k_m"])
     assert all(get_preset(name) is PRESETS[name] and PRESETS[name].name == name for name in preset_names())
 
 

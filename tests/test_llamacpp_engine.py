@@ -170,3 +170,25 @@ def test_a_prompt_at_depth_costs_more_than_the_same_prompt_at_the_start():
         return run_scenario(load_scenario(SEED, data)).summary["prefill_tok_s"]
 
     assert turns(6144) < 0.97 * turns(1)
+
+
+def test_layers_left_on_the_cpu_read_their_weights_and_experts_every_token():
+    """-ngl 40 on the 48 blocks: blocks 0-8 run whole on the CPU. Each decode token the CPU still reads k experts
+    per CPU MoE layer (blocks 0-39, -ncmoe 40), and now also the 9 layers' other weights (the file's non-expert bytes
+    less the output projection, 1/48 each)."""
+    from sim.engines.llamacpp.weights import file_weights
+
+    short, long = _run(1, 4, **{"n-gpu-layers": 40}), _run(1, 12, **{"n-gpu-layers": 40})
+    per_token_experts = _expert_bytes(short)[:40].sum() * short.scenario.layout.top_k
+    grew = {k: long.summary["engine_state"][k] - short.summary["engine_state"][k]
+            for k in ("cpu_expert_read_bytes", "cpu_layer_weight_bytes")}
+    weights = file_weights(short.scenario.layout, "t")
+    assert grew["cpu_expert_read_bytes"] == 8 * per_token_experts
+    assert grew["cpu_layer_weight_bytes"] == pytest.approx(8 * 9 * (weights.gpu_bytes - weights.output_bytes) / 48)
+
+
+def test_fewer_gpu_layers_decode_slower_and_without_any_the_output_runs_on_the_cpu():
+    rates = [_run(1, 8, **({} if n is None else {"n-gpu-layers": n})).summary["decode_tok_s"] for n in (None, 40, 24, 0)]
+    assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1] * 2
+    none = _run(1, 8, **{"n-gpu-layers": 0}).summary["engine_state"]
+    assert none["output_layer"] == "CPU" and none["cpu_blocks"] == 48

@@ -210,3 +210,38 @@ def test_a_request_beyond_the_context_is_refused_as_llama_server_does():
     with pytest.raises(InputError) as caught:
         _scenario(**{"n-cpu-moe": 48, "ctx-size": 4096})  # the seed's 4,096-token prompt and 128 tokens
     assert "exceeds the available context size" in str(caught.value)
+
+
+def test_n_gpu_layers_places_the_last_blocks_and_the_output_per_variant():
+    """-ngl N on a 48-block model: mainline counts the output layer as slot 48, so the first GPU block is 49 - N and
+    the output is on the GPU from N = 1 (src/llama-model.cpp, i_gpu_start = max(n_layer + 1 - N, 0)); ik_llama.cpp
+    keeps the older rule, 48 - N, the output on the GPU only past every block (src/llama.cpp, llm_load_tensors)."""
+    cases = {("mainline", 40): (9, True), ("mainline", 1): (48, True), ("mainline", 0): (48, False),
+             ("mainline", 49): (0, True), ("ik", 40): (8, False), ("ik", 48): (0, False), ("ik", 49): (0, True)}
+    for (variant, ngl), (first_gpu, output) in cases.items():
+        knobs = Knobs.of(_scenario(**{"n-gpu-layers": ngl, "variant": variant}), "t")
+        assert (knobs.cpu_blocks, knobs.output_on_gpu) == (first_gpu, output), (variant, ngl)
+        assert knobs.whole_cpu.sum() == first_gpu and knobs.on_cpu[:first_gpu].all()  # their experts too
+
+
+def test_n_gpu_layers_moves_weights_and_kv_from_vram_to_host_memory():
+    """The 9 blocks -ngl 40 leaves on the CPU take 9/48 of the non-expert weights (the output projection stays on the
+    GPU) and 9/48 of the K/V cache off the card, the plan's even split per layer [E]; the K/V lands in host RAM, the
+    weights in the file mapping (page cache, no allocation). Their experts were on the CPU already (-ncmoe 48)."""
+    from sim.engines.llamacpp.memory import plan_memory
+    from sim.engines.llamacpp.weights import file_weights
+
+    def plan(**flags):
+        scenario = _scenario(**{"n-cpu-moe": 48, **flags})
+        return scenario, plan_memory(scenario, Knobs.of(scenario, "t"), "t")
+
+    scenario, every = plan()
+    _, nine = plan(**{"n-gpu-layers": 40})
+    weights = file_weights(scenario.layout, "t")
+    cache = weights.attention.cache_bytes(8192, 512) + weights.state_bytes
+    host = {a.name: a.bytes for a in nine.allocations if a.pool == "ram"}
+    assert host == {"K/V cache of the CPU layers": int(cache * 9 / 48)}
+    vram = lambda p: sum(a.bytes for a in p.allocations if a.pool == "vram")  # noqa: E731
+    moved_weights = int((weights.gpu_bytes - weights.output_bytes) / 48 * 9)
+    assert vram(every) - vram(nine) == moved_weights + int(cache * 9 / 48)
+    assert "-ngl: blocks 0-8 run whole on the CPU, the output layer on the GPU" in nine.notices[-1]

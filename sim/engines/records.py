@@ -125,6 +125,19 @@ RECORDS: tuple[Record, ...] = (
            "llama.cpp", "glm-4.7-flash", "rtx-3060-12gb", None, "L22",
            "OLMoE-1B-7B's measured reuse (colibri route200) and popularity (allenai/OLMoE counts), taken for "
            "GLM-4.7-Flash's routing while L22's prefill ratio was compared (generator preset glm-4.7-flash)"),
+    # llama.cpp's CPU decode on ikawrakow's two boxes (cases L02 and L04): the rate the engine's own CPU kernels stream
+    # weights at, from CPU-only sweep-benches of other models on the same machines. Taken for the profiles' DRAM rate
+    # after L02's and L04's decode had been seen too fast on the AIDA-style estimates (62 and 132 GB/s), so each is
+    # recorded as fitted on its case.
+    Record("llamacpp-7950x-cpu-decode", "host.dram_bandwidth_gbps", 56.3, "GB/s", "llama.cpp", "gpt-oss",
+           "rtx-4080-7950x", None, "L02",
+           "GPT-OSS-20B-MXFP4 CPU-only on the Ryzen-7950X: 2.602 GB a token at 21.62 t/s (ik_llama.cpp PR #757, main "
+           "branch, N_KV 0)", (54.0, 56.3),
+           "LLaMA-3.1-8B IQ3_KS CPU-only on the same CPU: ~3.21 GB a token at 16.81 t/s (ik PR #566) = 54.0 GB/s"),
+    Record("llamacpp-5975wx-cpu-decode", "host.dram_bandwidth_gbps", 59.3, "GB/s", "llama.cpp", "gpt-oss",
+           "rtx-4080-5975wx", None, "L04",
+           "LLaMA-3.1-8B IQ3_KS CPU-only on the Ryzen-5975WX: ~3.21 GB a token (its output at Q6_K [E]) at 18.46 t/s "
+           "(ik_llama.cpp PR #566, N_KV 0)"),
     # Strata's own runtime buffers in VRAM before the cache is sized (the CUDA/HIP runtime's module images, cuBLAS
     # and cuBLASLt handles and workspaces, small session-adjacent buffers): what Strata's loading logs leave when
     # the card's total, its free VRAM at sizing and every other term are known (strata.memory.vram_before_cache:

@@ -165,6 +165,14 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             "hardware-and-gguf.md §4 (keras-team/keras-hub mixtral README); quant: Q4_K gate/up + Q6_K down, "
             "our Q4_K_M-like choice",
             n_blocks=32, n_experts=8, top_k=2, n_shared=0, hidden=4096, expert_width=14336, recipe=_Q4_K_M_LIKE),
+    # Mixtral-8x7B's Q4_K_M file of its day (llama.cpp #4729, January 2024; validation case L24): TheBloke's 26.4 GB
+    # over 46.7 B parameters is 4.52 bits a weight, which leaves the experts at Q4_K (4.5) throughout [E from M]; a
+    # later quantiser's Q6_K ffn_down (the use_more_bits rule) would not fit that file.
+    _layout("mixtral-8x7b-q4_k_m",
+            "hardware-and-gguf.md §4 (keras-team/keras-hub mixtral README); quant: Q4_K experts, as the 26.4 GB "
+            "Q4_K_M file of early 2024 (TheBloke/Mixtral-8x7B-v0.1-GGUF) holds them",
+            n_blocks=32, n_experts=8, top_k=2, n_shared=0, hidden=4096, expert_width=14336,
+            recipe=_uniform("Q4_K", "Q4_K")),
     # OLMoE-1B-7B: hardware-and-gguf.md §4 (GPULlama3 OlmoeConfiguration): 16 layers, 64 experts, top-8,
     # hidden 2048, width 1024 (the checkpoint's value, not transformers' default 2048).
     _layout("olmoe-1b-7b",
@@ -192,6 +200,11 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
     # the 3.6 release's 256 experts per layer (llamacpp-engine.md §11 P22) agree, the rest is assumed unchanged.
     _layout("qwen3.6-35b-a3b",
             "hardware-and-gguf.md §4 (the Qwen3.5-35B-A3B config; 3.6 assumed the same); quant: llama.cpp's Q4_K_M rule "
+            "for the expert tensors",
+            n_blocks=40, n_experts=256, top_k=8, n_shared=1, hidden=2048, expert_width=512, recipe=_q4_k_m(40)),
+    # Qwen3.5-35B-A3B itself (the config the Qwen3.6 preset takes; validation case L11): the same Q4_K_M rule.
+    _layout("qwen3.5-35b-a3b",
+            "hardware-and-gguf.md §4 (alibaba/InferSim qwen3.5-35B-A3B_config.json); quant: llama.cpp's Q4_K_M rule "
             "for the expert tensors",
             n_blocks=40, n_experts=256, top_k=8, n_shared=1, hidden=2048, expert_width=512, recipe=_q4_k_m(40)),
     # The same model's Q8_0 file (ik_llama.cpp #2262, validation case L07): every expert tensor Q8_0.

@@ -356,7 +356,8 @@ GENERATOR_PRESETS["glm-4.7-flash"] = _fine(
     targets={"reuse_decode_mean": dict(value=0.422, source="borrowed from OLMoE-1B-7B")})
 # A file's quantisation changes the bytes, not the router: these share their model's spec (its stored calibration and
 # its traces), as Strata's packs share the IQ3_S preset's.
-for _name, _of in (("qwen3.6-35b-a3b-q8_0", "qwen3.6-35b-a3b"), ("qwen3-30b-a3b-q4_k_m", "qwen3-30b-a3b")):
+for _name, _of in (("qwen3.6-35b-a3b-q8_0", "qwen3.6-35b-a3b"), ("qwen3-30b-a3b-q4_k_m", "qwen3-30b-a3b"),
+                   ("qwen3.5-35b-a3b", "qwen3.6-35b-a3b"), ("mixtral-8x7b-q4_k_m", "mixtral-8x7b")):
     GENERATOR_PRESETS[_name] = {**copy.deepcopy(GENERATOR_PRESETS[_of]), "model": _name}
 GENERATOR_PRESETS["glm-5.2"]["coactivation"]["partner_prob"] = 0.15
 _V2_LITE = ("the DeepSeek-V2-Lite-Chat trace of ngavhane/moe-beyond @ 4dca2eac (1,999 teacher-forced prompts, "

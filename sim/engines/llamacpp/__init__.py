@@ -30,8 +30,10 @@ class LlamaCpp(Engine):
                                        "MoE layers",
              "engine.flags.override-tensor": 'list of "REGEX=BUFFER" (exps=CPU, blk\\.1[0-9]\\.ffn_.*=CUDA0): the '
                                              "first match wins, before --cpu-moe and --n-cpu-moe",
-             "engine.flags.fit": "mainline: with none of -ot, --cpu-moe, --n-cpu-moe, the last layers' experts stay "
-                                 "in host RAM until the rest fits the GPU with 1 GiB spare"}
+             "engine.flags.fit": "mainline: with none of -ot, --cpu-moe, --n-cpu-moe, -ngl, the last layers' experts "
+                                 "stay in host RAM until the rest fits the GPU with 1 GiB spare",
+             "engine.flags.n-gpu-layers": "-ngl N: the last N blocks on the GPU (mainline: the output layer counts as "
+                                          "one), the blocks before them whole on the CPU; default every layer"}
 
     def validate(self, scenario, where: str) -> None:
         """llama.cpp's refusals at load (an unknown buffer type, a pinned buffer RAM cannot hold) and what the model does

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from sim.engines.base import Allocation, MemoryPlan
 from sim.engines.llamacpp.settings import KEY_NCMOE, Knobs
-from sim.engines.llamacpp.vram import part_bytes, vram_allocations
+from sim.engines.llamacpp.vram import part_bytes, split_by_device, vram_allocations
+from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
 from sim.units import GIB
 
@@ -32,25 +33,38 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
     parts = part_bytes(layout) * layout.n_experts
     cpu_bytes = int(parts[knobs.on_cpu].sum())
     gpu_expert_bytes = int(parts[~knobs.on_cpu].sum())
-    allocations = vram_allocations(layout, profile, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload, where)
+    allocations = vram_allocations(layout, profile, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload, where,
+                                   knobs.cpu_layers, knobs.output_on_gpu)
     vram_used = sum(a.bytes for a in allocations)
+    host = split_by_device(layout, file_weights(layout, where), knobs.cpu_layers, knobs.output_on_gpu, knobs.ctx,
+                           knobs.ubatch)
     why = None
     if vram_used > profile.vram_bytes:
         why = (f"llama.cpp would fail to load: CUDA error: out of memory ({vram_used / GIB:.2f} GiB of "
                f"{profile.vram_bytes / GIB:.2f} GiB): put more expert layers on the CPU (--n-cpu-moe), or lower "
                "--ctx-size / --ubatch-size")
+    if host["cpu_cache"]:  # the K/V of the layers on the CPU is allocated in host RAM (-ngl)
+        allocations.append(Allocation("ram", "K/V cache of the CPU layers", host["cpu_cache"]))
     if knobs.host != "mapped" and cpu_bytes:
         kind = "pinned CUDA_Host" if knobs.pinned else "pageable RAM"
         allocations.append(Allocation("ram", f"CPU experts ({kind})", cpu_bytes))
+        if host["cpu_weights"]:
+            allocations.append(Allocation("ram", f"CPU layers' other weights ({kind})", host["cpu_weights"]))
         available = profile.ram_bytes - profile.os_reserved_bytes
-        if cpu_bytes > available:
+        if cpu_bytes + host["cpu_weights"] > available:
             failure = "fails (CUDA out of memory)" if knobs.pinned else "fails (out of memory)"
             raise InputError(where, "engine.flags", f"CPU experts in {kind}",
-                             f"llama.cpp would fail to load: reading {cpu_bytes / GIB:.2f} GiB of experts into "
+                             f"llama.cpp would fail to load: reading {(cpu_bytes + host['cpu_weights']) / GIB:.2f} "
+                             f"GiB of weights into "
                              f"{kind} {failure} with {available / GIB:.2f} GiB of RAM available: keep the file "
                              "mapping (mainline's default; GGML_CUDA_NO_PINNED=1 on ik_llama.cpp)")
-    return LlamaMemory(tuple(allocations), profile.vram_bytes - vram_used, why, KEY_NCMOE,
-                       notices=(f"experts in host memory: {cpu_bytes / GIB:.2f} GiB ({HOST_WORDS[knobs.host]}), "
-                                f"on the GPU: "
-                                f"{gpu_expert_bytes / GIB:.2f} GiB",),
+    notices = [f"experts in host memory: {cpu_bytes / GIB:.2f} GiB ({HOST_WORDS[knobs.host]}), on the GPU: "
+               f"{gpu_expert_bytes / GIB:.2f} GiB"]
+    if knobs.cpu_blocks or not knobs.output_on_gpu:
+        notices.append(f"-ngl: blocks 0-{knobs.cpu_blocks - 1} run whole on the CPU" if knobs.cpu_blocks else
+                       "-ngl: every block on the GPU")
+        notices[-1] += (f", the output layer on the {'GPU' if knobs.output_on_gpu else 'CPU'}; "
+                        f"{host['cpu_weights'] / GIB:.2f} GiB of their other weights and "
+                        f"{host['cpu_cache'] / GIB:.2f} GiB of K/V in host memory")
+    return LlamaMemory(tuple(allocations), profile.vram_bytes - vram_used, why, KEY_NCMOE, notices=tuple(notices),
                        cpu_expert_bytes=cpu_bytes)

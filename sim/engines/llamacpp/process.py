@@ -15,7 +15,10 @@ another, §3). Per MoE layer whose expert tensors live in host memory:
       mapping or a plain RAM buffer, or pinned; the GPU multiplies. The copy and the GEMM share the backend's
       stream: they serialise.
 
-GPU-resident layers run on the GPU only. Every layer of every token or ubatch is a row of steps.parquet.
+GPU-resident layers run on the GPU only. A layer -ngl leaves on the CPU runs there whole: each token the CPU reads
+its other weights, its selected experts and its K/V; a ubatch the GPU takes copies its weights whole (and its
+experts used) with the K/V its attention reads. The output layer runs on its side of -ngl. Every layer of every
+token or ubatch is a row of steps.parquet.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from sim.engines.base import Bounds, EngineState
 from sim.engines.llamacpp.memory import HOST_WORDS, plan_memory
-from sim.engines.llamacpp.vram import FP32_BYTES, part_bytes
+from sim.engines.llamacpp.vram import FP32_BYTES, layer_weight_bytes, part_bytes
 from sim.engines.llamacpp.settings import RUN_PADDING_BYTES, Knobs
 from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
@@ -70,9 +73,15 @@ class LlamaCppProcess:
         expert_bytes = parts.sum(axis=1)
         weights = file_weights(layout, where)
         self.attention = weights.attention
-        other = weights.gpu_bytes / self.n_layers  # non-expert weights, spread over the layers
-        # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM
-        self.decode_gpu_s = machine.vram_read_s(other + self.top_k * gpu_bytes)
+        # -ngl: the layers before the first GPU block run whole on the CPU, the output layer on either side
+        self.whole_cpu = knobs.whole_cpu[: self.n_layers]
+        self.layer_weight_bytes = layer_weight_bytes(weights, self.n_layers)
+        self.output_bytes = weights.output_bytes
+        # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM,
+        # the output layer its projection once a token
+        self.decode_gpu_s = machine.vram_read_s(self.layer_weight_bytes + self.top_k * gpu_bytes)
+        self.output_gpu_s = machine.vram_read_s(weights.output_bytes)
+        other = weights.gpu_bytes / self.n_layers  # the non-expert weights a prompt token passes, per layer
         # a prompt token: the profile's figure for the model class (experts resident), split by the bytes each part
         # of the layer reads per token, so the routed share moves with the experts wherever they are computed
         compute = scenario.compute
@@ -105,6 +114,8 @@ class LlamaCppProcess:
             machine.page_cache.warm(keys)
         self.totals = dict(offloaded_layer_steps=0, cpu_layer_steps=0, h2d_expert_bytes=0, h2d_expert_copies=0,
                            cpu_expert_read_bytes=0, page_fault_read_bytes=0, reused_prompt_tokens=0)
+        if knobs.cpu_layers or not knobs.output_on_gpu:
+            self.totals.update(whole_cpu_layer_steps=0, cpu_layer_weight_bytes=0, h2d_layer_weight_bytes=0)
 
     # --- the pieces -------------------------------------------------------------------------------
 
@@ -163,6 +174,53 @@ class LlamaCppProcess:
         self.totals["h2d_expert_copies"] += parts * runs
         return n_bytes, fault, distinct
 
+    def _kv_bytes(self, first: int, n: int) -> float:
+        """One layer's share of the K/V that queries at positions first .. first+n-1 read."""
+        return self.attention.kv_bytes_per_token_layer * self.attention.positions(first, n) / self.n_layers
+
+    def _whole_cpu_layer(self, layer: int, rows: np.ndarray, first: int, threads: int):
+        """A layer -ngl leaves on the CPU, for these rows [n, k] at positions first ..: the CPU reads its other
+        weights, each distinct selected expert and the K/V of the range once, and passes over them for every row
+        (every token's matmuls, its k experts, its attention's reads) [E: CPU attention priced as its K/V reads]."""
+        n = len(rows)
+        used = np.unique(rows[rows != MISSING])
+        fault = yield from self._faults(layer, used)
+        expert = int(self.cpu_bytes[layer])
+        read = self.layer_weight_bytes + len(used) * expert + self._kv_bytes(first + n - 1, 1)
+        work = n * self.layer_weight_bytes + int((rows != MISSING).sum()) * expert + self._kv_bytes(first, n)
+        yield self.m.cpu_expert_matmul(self.cpu, read, work, threads, "layer (CPU)")
+        self.totals["whole_cpu_layer_steps"] += 1
+        self.totals["cpu_expert_read_bytes"] += len(used) * expert
+        self.totals["cpu_layer_weight_bytes"] += self.layer_weight_bytes
+        return fault
+
+    def _offloaded_whole_layer(self, layer: int, rows: np.ndarray, first: int):
+        """Op offload of a layer -ngl leaves on the CPU: its other weights cross the link whole, as any host weight
+        of a MUL_MAT does (§3), with the K/V range its attention reads [E from C: the attention taken by the GPU
+        beside the matmuls around it]; then its experts as a CPU MoE layer's (used only)."""
+        m, n = self.m, len(rows)
+        yield m.gpu.drained()
+        n_bytes = self.layer_weight_bytes + self._kv_bytes(first + n - 1, 1)
+        yield m.h2d.copy(n_bytes, 1, "op offload layer weights", pageable_bytes=0 if self.knobs.pinned else n_bytes)
+        self.totals["h2d_layer_weight_bytes"] += n_bytes
+        self.totals["whole_cpu_layer_steps"] += 1
+        expert_bytes, fault, _ = yield from self._offloaded_layer(layer, rows)
+        return n_bytes + expert_bytes, fault
+
+    def _output(self, on_host: bool, n_tokens: int):
+        """The output layer of a decode token, on its side of -ngl (the hidden state crossing once if it must)."""
+        m = self.m
+        if self.knobs.output_on_gpu:
+            if on_host:
+                yield from self._switch(n_tokens * self.hidden_bytes, False)
+            m.gpu.book(self.output_gpu_s, 0, 0, "output layer (GPU)")
+        else:
+            if not on_host:
+                yield from self._switch(n_tokens * self.hidden_bytes, True)
+            yield m.cpu_expert_matmul(self.cpu, self.output_bytes, self.output_bytes, self.knobs.threads,
+                                      "output layer (CPU)")
+            self.totals["cpu_layer_weight_bytes"] += self.output_bytes
+
     # --- a token and a ubatch ---------------------------------------------------------------------
 
     def _step(self, request: int, phase: str, step: int, layer: int, start: float, tokens: int, **row) -> None:
@@ -176,13 +234,23 @@ class LlamaCppProcess:
         m = self.m
         kv_s = m.vram_read_s(self.attention.kv_bytes_per_token_layer * self.attention.positions(position, 1)) \
             / self.n_layers
+        on_host = False  # the token's hidden state after a layer -ngl left on the CPU
         for layer in range(self.n_layers):
             start = m.env.now
+            if self.whole_cpu[layer]:
+                fault = yield from self._whole_cpu_layer(layer, rows[layer][None, :], position, self.knobs.threads)
+                on_host = True
+                self._step(request, "decode", step, layer, start, 1, file_read_bytes=fault)
+                continue
+            if on_host:  # the first GPU layer: the hidden state crosses once
+                yield from self._switch(self.hidden_bytes, False)
+                on_host = False
             m.gpu.book(self.decode_gpu_s[layer] + kv_s, 0, 0, "layer (GPU)")
             if self.cpu_layer[layer]:
                 read, fault = yield from self._cpu_layer(layer, rows[layer][None, :], self.knobs.threads)
                 self._step(request, "decode", step, layer, start, 1, file_read_bytes=fault,
                            d2h_bytes=self.hidden_bytes)
+        yield from self._output(on_host, 1)
         yield m.gpu.drained()
 
     def ubatch(self, request: int, step: int, rows: np.ndarray, first: int):
@@ -191,8 +259,23 @@ class LlamaCppProcess:
         n = len(rows)
         offload = knobs.offloads(n, self.top_k, self.n_experts)
         attention_s = self.attention_s_per_position * self.attention.positions(first, n) / self.n_layers
+        on_host = False
         for layer in range(self.n_layers):
             start = m.env.now
+            if self.whole_cpu[layer]:
+                if offload:
+                    h2d, fault = yield from self._offloaded_whole_layer(layer, rows[:, layer], first)
+                    m.gpu.book(n * self.prefill_other_s[layer] + self.prefill_fixed_s + attention_s, 0, 0,
+                               "layer (GPU, offloaded)")
+                    self._step(request, "prefill", step, layer, start, n, h2d_bytes=h2d, file_read_bytes=fault)
+                else:
+                    fault = yield from self._whole_cpu_layer(layer, rows[:, layer], first, knobs.threads_batch)
+                    on_host = True
+                    self._step(request, "prefill", step, layer, start, n, file_read_bytes=fault)
+                continue
+            if on_host:
+                yield from self._switch(n * self.hidden_bytes, False)
+                on_host = False
             m.gpu.book(n * self.prefill_other_s[layer] + self.prefill_fixed_s + attention_s, 0, 0, "layer (GPU)")
             if not self.cpu_layer[layer]:
                 m.gpu.book(n * self.prefill_routed_s[layer], 0, 0, "expert GEMMs")
@@ -261,6 +344,8 @@ class LlamaCppProcess:
             "op_offload_from_tokens": knobs.offload_threshold(self.top_k, self.n_experts),
             "compute_buffer_mib": round(next(a.bytes for a in self.memory.allocations if a.name == "compute buffer")
                                         / MIB, 1),
+            **({"cpu_blocks": knobs.cpu_blocks, "output_layer": "GPU" if knobs.output_on_gpu else "CPU"}
+               if knobs.cpu_layers or not knobs.output_on_gpu else {}),
             **self.totals,
         }
         return EngineState(None, None, None, None, None, tuple(self.notices), detail)

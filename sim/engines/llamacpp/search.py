@@ -5,8 +5,8 @@ then the host buffer kind and op offload, one at a time."""
 from __future__ import annotations
 
 from sim.engines.base import Knob, SearchAxis, candidates, setting
-from sim.engines.llamacpp.settings import (DEFAULT_UBATCH_TOKENS, KEY_LOAD_MODE, KEY_NCMOE, KEY_NO_OP_OFFLOAD,
-                                           KEY_UBATCH, KEY_VARIANT)
+from sim.engines.llamacpp.settings import (DEFAULT_UBATCH_TOKENS, KEY_LOAD_MODE, KEY_NCMOE, KEY_NGL,
+                                           KEY_NO_OP_OFFLOAD, KEY_UBATCH, KEY_VARIANT)
 
 KNOBS = (
     Knob(KEY_NCMOE, "MoE layers on the CPU", "layers", labels={0: "n-cpu-moe=0 (no override: --fit places)"}),
@@ -16,6 +16,9 @@ KNOBS = (
     Knob(KEY_NO_OP_OFFLOAD, "no op offload", labels={True: "CPU prompt experts", False: "op offload"}),
     Knob(KEY_VARIANT, "variant", labels={"mainline": "llama.cpp", "ik": "ik_llama.cpp",
                                          "mainline-pre-15346": "llama.cpp before #15346"}),
+    # whole layers on the GPU: swept by hand (sweep --grid engine.flags.n-gpu-layers=...), not in plan's search, whose
+    # question is which experts leave the card (-ngl moves attention and every weight of a layer with them)
+    Knob(KEY_NGL, "layers on the GPU (-ngl)", "layers"),
 )
 
 

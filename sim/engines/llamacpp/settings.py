@@ -4,6 +4,8 @@
 The scenario's table uses the engine's own long flag names and environment variables; `Knobs` is what the engine
 makes of them on a model:
 
+  layers      -ngl/--n-gpu-layers N: the last N blocks (and the output layer) on the GPU, the blocks before them
+              whole on the CPU, attention and K/V included (src/llama-model.cpp, i_gpu_start); default every layer
   placement   -ot/--override-tensor REGEX=BUFT (in order, the first match wins), then --cpu-moe and --n-cpu-moe N,
               added after the user's -ot so that those win (PR #15077); mainline takes the first N blocks, ik_llama.cpp
               the last N MoE layers (ik #2262); with none of them mainline's --fit keeps the last layers' experts
@@ -47,6 +49,7 @@ IK_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.(weight|scale)"
 
 KEY_VARIANT = "engine.variant"
 KEY_NCMOE = "engine.flags.n-cpu-moe"
+KEY_NGL = "engine.flags.n-gpu-layers"
 KEY_UBATCH = "engine.flags.ubatch-size"
 KEY_LOAD_MODE = "engine.flags.load-mode"
 KEY_NO_OP_OFFLOAD = "engine.flags.no-op-offload"
@@ -92,6 +95,8 @@ class Flags(Strict):
     KEY_KIND: ClassVar[str] = "llama.cpp flag"
     # -ot REGEX=BUFT,...: each entry one "regex=buffer type" pair (CPU, or a GPU's buffer such as CUDA0), in order
     override_tensor: list[Annotated[str, Field(min_length=3)]] = Field(default_factory=list, alias="override-tensor")
+    # -ngl N: the last N blocks (and the output layer) on the GPU; None: every layer (mainline's default, -1)
+    n_gpu_layers: Annotated[int, Field(ge=0)] | None = Field(None, alias="n-gpu-layers")
     cpu_moe: bool = Field(False, alias="cpu-moe")  # -cmoe: every layer's expert tensors on the CPU
     n_cpu_moe: Annotated[int, Field(ge=0)] | None = Field(None, alias="n-cpu-moe")  # -ncmoe N
     ubatch_size: Annotated[int, Field(ge=1)] = Field(DEFAULT_UBATCH_TOKENS, alias="ubatch-size")  # -ub
@@ -172,9 +177,23 @@ def cpu_placement(where: str, layout, flags: Flags, variant: Variant) -> np.ndar
     return on_cpu
 
 
+def gpu_layers(n_blocks: int, n_gpu_layers: int | None, variant: Variant) -> tuple[int, bool]:
+    """(the first block on the GPU, whether the output layer is on the GPU) for -ngl N. Mainline counts the output
+    layer as a slot after the last block: i_gpu_start = max(n_layer + 1 - N, 0), the output on the GPU from N = 1
+    (src/llama-model.cpp, load_tensors @ 34af94cd9); ik_llama.cpp keeps the older rule: i_gpu_start = max(n_layer - N,
+    0), the output on the GPU only when N > n_layer (src/llama.cpp, llm_load_tensors)."""
+    if n_gpu_layers is None:
+        return 0, True
+    if variant.ik:
+        return max(n_blocks - n_gpu_layers, 0), n_gpu_layers > n_blocks
+    return min(max(n_blocks + 1 - n_gpu_layers, 0), n_blocks), n_gpu_layers >= 1
+
+
 def fits_itself(flags: Flags, variant: Variant) -> bool:
-    """Whether mainline's --fit places the experts (§2.3): on by default, given up once the user places tensors."""
-    return not variant.ik and flags.fit == "on" and not (flags.override_tensor or flags.cpu_moe or flags.n_cpu_moe)
+    """Whether mainline's --fit places the experts (§2.3): on by default, given up once the user places tensors or
+    layers (-ngl [E: the reference reads the overrides' check only])."""
+    return not variant.ik and flags.fit == "on" and not (flags.override_tensor or flags.cpu_moe or flags.n_cpu_moe
+                                                         or flags.n_gpu_layers is not None)
 
 
 def _env_count(where: str, env, name: str) -> int | None:
@@ -192,6 +211,9 @@ class Knobs:
 
     variant: Variant
     on_cpu: np.ndarray  # bool [routed layers, 3]: gate, up, down in host memory
+    cpu_blocks: int  # blocks 0 .. cpu_blocks-1 run whole on the CPU (-ngl)
+    whole_cpu: np.ndarray  # bool [routed layers]: the layer's block runs whole on the CPU
+    output_on_gpu: bool
     host: str  # where the CPU experts live: "mapped" (file pages), "pinned" (CUDA_Host), "ram" (pageable malloc)
     mlock: bool  # the mapping's pages locked in RAM (never evicted)
     ubatch: int
@@ -212,12 +234,15 @@ class Knobs:
         batch = min(flags.batch_size, ctx)
         ubatch = min(flags.ubatch_size, batch)
         if fits_itself(flags, variant):
-            on_cpu = fit_placement(layout, profile, ctx, ubatch, not flags.no_op_offload, where)
+            overridden = fit_placement(layout, profile, ctx, ubatch, not flags.no_op_offload, where)
         else:
-            on_cpu = cpu_placement(where, layout, flags, variant)
+            overridden = cpu_placement(where, layout, flags, variant)
+        cpu_blocks, output_on_gpu = gpu_layers(layout.n_blocks, flags.n_gpu_layers, variant)
+        whole_cpu = np.array([layer.block for layer in layout.layers]) < cpu_blocks
+        on_cpu = overridden | whole_cpu[:, None]
         pinning = getattr(env, "GGML_CUDA_NO_PINNED", None) in (None, "0", "")  # else no CUDA_Host buffers
         if variant.ik:  # mmap is disabled when a tensor is overridden to the CPU, unless pinning is off (§7)
-            mapped = not flags.no_mmap and not (on_cpu.any() and pinning)
+            mapped = not flags.no_mmap and not (overridden.any() and pinning)
             mlock = flags.mlock
         else:
             mode = flags.load_mode or ("none" if flags.no_mmap else "mmap+mlock" if flags.mlock else "auto")
@@ -228,10 +253,15 @@ class Knobs:
         threads = flags.threads or int(profile.host.physical_cores.value)
         env_name = "GGML_CUDA_MIN_BATCH_OFFLOAD" if variant.ik else "GGML_OP_OFFLOAD_MIN_BATCH"
         min_batch = _env_count(where, env, env_name)
-        return cls(variant, on_cpu, host, mlock, ubatch, batch, ctx, threads,
+        return cls(variant, on_cpu, cpu_blocks, whole_cpu, output_on_gpu, host, mlock, ubatch, batch, ctx, threads,
                    flags.threads_batch or threads, not flags.no_op_offload,
                    OP_OFFLOAD_MIN_BATCH_DEFAULT if min_batch is None else min_batch,
                    variant.copy_used_only and not flags.no_ooae)
+
+    @property
+    def cpu_layers(self) -> int:
+        """Routed layers that run whole on the CPU (-ngl)."""
+        return int(self.whole_cpu.sum())
 
     @property
     def pinned(self) -> bool:

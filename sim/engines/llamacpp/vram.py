@@ -24,18 +24,36 @@ def part_bytes(layout) -> np.ndarray:
     return np.array([[x.gate_bytes, x.up_bytes, x.down_bytes] for x in layout.layers], np.int64)
 
 
+def layer_weight_bytes(weights, n_layers: int) -> float:
+    """A routed layer's share of the non-expert weights besides the output projection: attention, router, shared
+    expert, norms (and the dense blocks' FFNs), spread evenly over the routed layers [E: per-block sizes not held]."""
+    return (weights.gpu_bytes - weights.output_bytes) / n_layers
+
+
+def split_by_device(layout, weights, cpu_layers: int, output_on_gpu: bool, ctx: int, ubatch: int) -> dict:
+    """Bytes of the non-expert weights and of the K/V cache (with the recurrent state) on each side when the first
+    `cpu_layers` routed layers run whole on the CPU (-ngl): a layer's K/V lives on its layer's device."""
+    n = layout.n_routed_layers
+    per_layer = layer_weight_bytes(weights, n)
+    cache = weights.attention.cache_bytes(ctx, ubatch) + weights.state_bytes
+    cpu_weights = int(per_layer * cpu_layers) + (0 if output_on_gpu else weights.output_bytes)
+    cpu_cache = int(cache * cpu_layers / n)
+    return {"gpu_weights": weights.gpu_bytes - cpu_weights, "cpu_weights": cpu_weights,
+            "gpu_cache": cache - cpu_cache, "cpu_cache": cpu_cache}
+
+
 def vram_allocations(layout, profile, on_cpu: np.ndarray, ctx: int, ubatch: int, op_offload: bool,
-                     where: str) -> list[Allocation]:
+                     where: str, cpu_layers: int = 0, output_on_gpu: bool = True) -> list[Allocation]:
     """What the GPU holds once loaded, in the order llama.cpp allocates it (the module docstring)."""
     weights = file_weights(layout, where)
     parts = part_bytes(layout) * layout.n_experts  # whole tensors
     staging = int(parts[on_cpu].max()) if op_offload and on_cpu.any() else 0
     activations = (ACTIVATION_COPIES * layout.hidden + weights.vocab) * ubatch * FP32_BYTES
+    split = split_by_device(layout, weights, cpu_layers, output_on_gpu, ctx, ubatch)
     return [Allocation("vram", "runtime reserved (driver, context)", profile.runtime_reserved_bytes),
-            Allocation("vram", "non-expert weights", weights.gpu_bytes),
+            Allocation("vram", "non-expert weights", split["gpu_weights"]),
             Allocation("vram", "expert tensors on the GPU", int(parts[~on_cpu].sum())),
-            Allocation("vram", "K/V cache and recurrent state",
-                       weights.attention.cache_bytes(ctx, ubatch) + weights.state_bytes),
+            Allocation("vram", "K/V cache and recurrent state", split["gpu_cache"]),
             Allocation("vram", "compute buffer", activations + staging)]
 
 

@@ -3,8 +3,8 @@ tensor but the routed experts and the token embedding: llama.cpp keeps the input
 reads one row of it), and what its attention costs per position of context (`Attention`). Only files with a sourced
 figure are run; another model is refused naming these.
 
-The GPU's time for those weights comes from the machine: in decode a layer streams its share of them, and the K/V of
-the positions it attends to, out of VRAM (Machine.vram_read_s); in a prompt ubatch the profile's prompt figure for the
+The GPU's time for those weights comes from the machine: in decode a layer streams its share of them (the output
+projection once a token), and the K/V of the positions it attends to, out of VRAM (Machine.vram_read_s); in a prompt ubatch the profile's prompt figure for the
 model class is split between them and the routed experts by bytes, and the attention over the context adds that
 figure's time per FLOP (the reference's §9: no per-op figure of llama.cpp's kernels is published).
 """
@@ -63,6 +63,7 @@ class FileWeights:
     attention: Attention
     state_bytes: int  # fixed recurrent state (linear-attention layers), independent of the context
     vocab: int  # rows of the output projection: a ubatch's logits are vocab x tokens fp32
+    output_bytes: int  # the output projection (vocab x hidden), one of gpu_bytes: on the CPU with -ngl 0
     source: str
 
     @property
@@ -74,6 +75,9 @@ class FileWeights:
 # taken as a window of 2,048 [E: the indexer's pass over every cell is not priced]
 _QWEN38_ATTENTION = Attention(2 * 256 * 2 * F16_BYTES, 0, 12, 2048)
 _QWEN38_STATE = 36 * 3 * MIB  # 36 GDN layers, ~3 MiB of state each (strata-engine.md §2.1)
+# the output head of the IQ2_XS pack's 3,263 MiB of dense weights (record strata-decode-layer-latency's RTX 3060 log),
+# taken for every pack [E from M]
+_QWEN38_HEAD_MIB = 322
 _QWEN38_SOURCE = ("[M] the same GGUF's non-expert tensors as Strata's logs load them (1,466 MiB of weights + the "
                   "projections + the output head, sim/engines/strata/memory.py PACK_WEIGHTS; strata-engine.md §2.1 "
                   "for the 12 QSA layers' 2 KV heads of 256 and the 36 GDN layers' ~3 MiB of state)")
@@ -106,6 +110,15 @@ _FILES = {
                              "Medium | 17.28 GiB | 30.53 B' in published tables, indexed copies 68998277046, "
                              "43444007762); 32 query heads and 4 KV heads of 128 in 48 full-attention layers "
                              "(hardware-and-gguf.md §4); 3 B active (A3B) over 48 layers"),
+    "qwen3.5-35b-a3b": (20.49, QWEN_VOCAB, _QWEN36_ATTENTION, "Q4_K",
+                        "[M] Qwen3.5-35B-A3B Q4_K_M 20.49 GiB (kenimoto.dev, llamacpp-engine.md §11 P11); "
+                        + _QWEN36_HEADS),
+    "mixtral-8x7b-q4_k_m": (26.4e9 / GIB, 32_000,
+                            Attention(8 * 128 * 2 * F16_BYTES, 32, flops_per_position=4 * 32 * 128,
+                                      active_params_per_layer=12.9e9 / 32), "Q4_K",
+                            "[M] mixtral-8x7b-v0.1.Q4_K_M.gguf 26.4 GB (TheBloke/Mixtral-8x7B-v0.1-GGUF's listing, "
+                            "indexed copy 57454187032); 32 query heads and 8 KV heads of 128 in 32 full-attention "
+                            "layers, 12.9 B active (hardware-and-gguf.md §4); Mistral's 32,000-token vocabulary"),
     "glm-4.7-flash": (17.1, 154_880, Attention((512 + 64) * F16_BYTES, 47), "Q4_K",
                       "[M] GLM-4.7-Flash Q4_K_M 17.1 GiB (thecodacus/llama.cpp PR #6, llamacpp-engine.md §11 P22); its "
                       "MLA heads are not held: the prompt's attention is not priced"),
@@ -124,7 +137,7 @@ def _gpt_oss(file_gib: float, layout, n_layers: int, active_params: float, sourc
     gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(GPT_OSS_VOCAB, layout.hidden, "Q8_0")
     attention = Attention(_GPT_OSS_KV, n_layers // 2, n_layers - n_layers // 2, 128, 4 * 64 * 64,
                           active_params / n_layers)
-    return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, source)
+    return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, _embedding(GPT_OSS_VOCAB, layout.hidden, "Q8_0"), source)
 
 
 def file_weights(layout, where: str) -> FileWeights:
@@ -133,7 +146,8 @@ def file_weights(layout, where: str) -> FileWeights:
     if name.startswith("qwen3.8-flash-next"):
         dense = {"qwen3.8-flash-next-iq3s": 3982, "qwen3.8-flash-next-iq2xs": 3263,
                  "qwen3.8-flash-next-iq3xxs": 3664}.get(name, (3982 + 3263 + 3664) // 3)
-        return FileWeights(dense * MIB, _QWEN38_ATTENTION, _QWEN38_STATE, QWEN_VOCAB, _QWEN38_SOURCE)
+        return FileWeights(dense * MIB, _QWEN38_ATTENTION, _QWEN38_STATE, QWEN_VOCAB, _QWEN38_HEAD_MIB * MIB,
+                           _QWEN38_SOURCE)
     if name == "gpt-oss-120b":
         return _gpt_oss(59.02, layout, 36, 5.1e9,
                         "[M] the MXFP4 GGUF is 59.02 GiB as llama-bench prints it (llamacpp-engine.md §11, ik #683); "
@@ -146,7 +160,10 @@ def file_weights(layout, where: str) -> FileWeights:
     if name in _FILES:
         file_gib, vocab, attention, embedding_type, source = _FILES[name]
         gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(vocab, layout.hidden, embedding_type)
-        return FileWeights(gpu, attention, 0, vocab, source)
+        # llama.cpp's quantiser gives the output projection Q6_K in a K-quant file (src/llama-quant.cpp,
+        # llama_tensor_get_type [E from C: not in the reference's reading]); a Q8_0 file keeps Q8_0
+        output_type = "Q8_0" if embedding_type == "Q8_0" else "Q6_K"
+        return FileWeights(gpu, attention, 0, vocab, _embedding(vocab, layout.hidden, output_type), source)
     raise InputError(where, "model", name, "llama.cpp is modelled for files whose non-expert weights are sourced: "
                                            f"the qwen3.8-flash-next packs, gpt-oss-20b, gpt-oss-120b, "
                                            f"{', '.join(_FILES)}")
