@@ -32,6 +32,7 @@ REPO_SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 GBps = quantity("GB/s", gt=0)
+TFlops = quantity("TFLOPS", gt=0)
 Micros = quantity("us", ge=0)
 MicrosPerGiB = quantity("us/GiB", ge=0)
 GiBs = quantity("GiB", gt=0)
@@ -56,6 +57,9 @@ class Gpu(Strict):
     # What the driver and the runtime (CUDA/HIP/Metal context, WDDM's reservation) hold before the engine
     # allocates anything: device memory on a discrete card, the shared pool on unified memory.
     runtime_reserved_mib: MiBs
+    # A prompt's attention over its context on this GPU (FlashAttention's QK and AV FLOPs per second), where measured;
+    # absent, an engine prices those FLOPs at its model class's prompt figure (sim/machine Machine.attention_s).
+    attention_tflops: TFlops | None = None
 
 
 class Host(Strict):

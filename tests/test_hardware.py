@@ -77,7 +77,7 @@ def test_validated_quantities_match_their_units_and_compute_is_derived(path):
         assert isinstance(q, Quantity) and TAG.match(q.source)
         leaf = key.split(".")[-1].split("[")[0]
         suffix = {"gbps": "GB/s", "us": "us", "gib": "GiB", "mib": "MiB", "kib": "KiB", "layer": "us",
-                  "threads": "threads", "cores": "cores"}
+                  "threads": "threads", "cores": "cores", "tflops": "TFLOPS"}
         if leaf.endswith("per_gib"):
             assert q.unit == "us/GiB", key
         elif leaf != "read_gbps_by_queue_depth":

@@ -92,6 +92,11 @@ DIRECTIONS = {
         {"decode_tok_s": DOWN, "vram_peak_mib": DOWN},
         "llamacpp-engine.md §4: each MoE layer whose experts sit in host RAM adds its k experts to the CPU's read of "
         "every token, and takes its expert tensors off the GPU", SHORT_LLAMA),
+    ("llama.cpp", "engine.flags.n-gpu-layers"): Direction(
+        "engine.flags.n-gpu-layers", "llamacpp-qwen3.8-ncmoe.toml", 33, 49, {"decode_tok_s": UP, "prefill_tok_s": UP},
+        "src/llama-model.cpp load_tensors: blocks before i_gpu_start = n_layer + 1 - N run whole on the CPU, which "
+        "reads their weights, experts and K/V every token and copies their weights whole for every offloaded ubatch; "
+        "more layers on the GPU leave it fewer", SHORT_LLAMA),
     ("llama.cpp", "engine.flags.ubatch-size"): Direction(
         "engine.flags.ubatch-size", "llamacpp-qwen3.8-ncmoe.toml", 512, 2048, {"prefill_tok_s": UP},
         "llamacpp-engine.md §5.3: op offload copies a CPU layer's used experts once per ubatch, so a larger ubatch "

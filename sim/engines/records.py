@@ -54,6 +54,10 @@ class Record:
         return int(round(self.value * scale))
 
 
+_ATTENTION_4080 = ("LLaMA-3.1-8B IQ3_KS on ikawrakow's RTX-4080 (ik_llama.cpp PR #566): a 512-token ubatch's time grows "
+                   "3.563 us a position of context from N_KV 512 to 7,680 (least squares over 15 rows), for 512 x 32 "
+                   "layers x 16,384 FLOPs")
+
 RECORDS: tuple[Record, ...] = (
     # ds4, DeepSeek-V4-Flash on the #503 box. ds4 printed "available 81.57 GiB" (ds4-engine.md §1.12) with the
     # q2-q4 file at --ctx 32768 on the 96 GB card, whose CUDA total is 94.97 GiB: VRAM before the cache =
@@ -138,6 +142,13 @@ RECORDS: tuple[Record, ...] = (
            "rtx-4080-5975wx", None, "L04",
            "LLaMA-3.1-8B IQ3_KS CPU-only on the Ryzen-5975WX: ~3.21 GB a token (its output at Q6_K [E]) at 18.46 t/s "
            "(ik_llama.cpp PR #566, N_KV 0)"),
+    # FlashAttention's prompt rate on the RTX 4080 of both boxes (cases L02 and L04, ikawrakow's card): a sweep-bench of
+    # another model on the same card, taken after L02's and L04's prompt at depth had been seen slowing three times
+    # too much with the attention priced at the prompt figure's per-FLOP rate (~29 TFLOPS): recorded as fitted there.
+    Record("llamacpp-4080-attention-7950x", "gpu.attention_tflops", 75.3, "TFLOPS", "llama.cpp", "gpt-oss",
+           "rtx-4080-7950x", None, "L02", _ATTENTION_4080),
+    Record("llamacpp-4080-attention-5975wx", "gpu.attention_tflops", 75.3, "TFLOPS", "llama.cpp", "gpt-oss",
+           "rtx-4080-5975wx", None, "L04", _ATTENTION_4080),
     # Strata's own runtime buffers in VRAM before the cache is sized (the CUDA/HIP runtime's module images, cuBLAS
     # and cuBLASLt handles and workspaces, small session-adjacent buffers): what Strata's loading logs leave when
     # the card's total, its free VRAM at sizing and every other term are known (strata.memory.vram_before_cache:

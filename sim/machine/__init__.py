@@ -131,6 +131,8 @@ class Machine:
         # [E: the kernels are compute-bound per core]; llama.cpp's default -t is the physical cores for this reason
         self.physical_cores = int(profile.host.physical_cores.value)
         self.vram_read_bytes_per_s = profile.gpu.dram_bandwidth_gbps.value * 1e9 * VRAM_READ_EFFICIENCY
+        attention = profile.gpu.attention_tflops
+        self.attention_flops_per_s = None if attention is None else attention.value * 1e12
         self.sync_s = lat.device_sync_us.value * 1e-6
         self.memcpy_call_s = lat.memcpy_call_us.value * 1e-6
         self.kernel_launch_s = lat.kernel_launch_us.value * 1e-6
@@ -181,6 +183,12 @@ class Machine:
         """GPU time to stream n_bytes of weights out of VRAM (a number or an array of them): compute, not a
         transfer, since nothing else queues for the GPU's memory while its stream runs the kernel."""
         return n_bytes / self.vram_read_bytes_per_s
+
+    def attention_s(self, flops, default_s_per_flop: float):
+        """GPU time of a prompt's attention FLOPs (QK and AV over the context) at the profile's measured attention
+        throughput; a profile without one leaves the rate to the caller's default (an engine's own figure)."""
+        rate = self.attention_flops_per_s
+        return flops * (default_s_per_flop if rate is None else 1.0 / rate)
 
     def stream_events_s(self, n_events: int) -> float:
         """The compute stream's idle time for n_events cross-stream waits and records issued on it."""

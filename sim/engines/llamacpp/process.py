@@ -91,10 +91,11 @@ class LlamaCppProcess:
         self.prefill_routed_s = per_token * routed
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_fixed_s = 0.0 if fixed is None else fixed.value * 1e-6
-        # the prompt's attention over its context: the prompt figure's time per FLOP of a token's matmul weights
+        # the prompt's attention over its context: the GPU's measured attention rate, else the prompt figure's time
+        # per FLOP of a token's matmul weights
         attention = self.attention
-        self.attention_s_per_position = 0.0 if attention.flops_per_position is None else \
-            attention.flops_per_position * per_token / (2 * attention.active_params_per_layer)
+        self.attention_s_per_position = 0.0 if attention.flops_per_position is None else machine.attention_s(
+            attention.flops_per_position, per_token / (2 * attention.active_params_per_layer))
         self.hidden_bytes = layout.hidden * FP32_BYTES
         self.main = machine.threads("llama.cpp main thread")
         self.cpu = machine.threads("llama.cpp CPU experts")
