@@ -30,14 +30,14 @@ class LlamaCpp(Engine):
                                        "MoE layers",
              "engine.flags.override-tensor": 'list of "REGEX=BUFFER" (exps=CPU, blk\\.1[0-9]\\.ffn_.*=CUDA0): the '
                                              "first match wins, before --cpu-moe and --n-cpu-moe",
-             "engine.flags.fit": "mainline: with none of -ot, --cpu-moe, --n-cpu-moe, -ngl, the last layers' experts "
-                                 "stay in host RAM until the rest fits the GPU with 1 GiB spare",
+             "engine.flags.fit": "mainline: with none of -ot, --cpu-moe, --n-cpu-moe, -ngl, the last layers' "
+                                 "experts stay in host RAM until the rest fits the GPU with 1 GiB spare",
              "engine.flags.n-gpu-layers": "-ngl N: the last N blocks on the GPU (mainline: the output layer counts as "
                                           "one), the blocks before them whole on the CPU; default every layer"}
 
     def validate(self, scenario, where: str) -> None:
-        """llama.cpp's refusals at load (an unknown buffer type, a pinned buffer RAM cannot hold) and what the model does
-        not run; a placement the GPU cannot hold is the plan's `why_no_cache`, refused when the run starts."""
+        """llama.cpp's refusals at load (an unknown buffer type, a pinned buffer RAM cannot hold) and what the model
+        does not run; a placement the GPU cannot hold is the plan's `why_no_cache`, refused when the run starts."""
         from sim.engines.llamacpp.memory import plan_memory
 
         profile, engine = scenario.hardware_profile, scenario.engine

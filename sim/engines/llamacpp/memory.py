@@ -33,11 +33,11 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
     parts = part_bytes(layout) * layout.n_experts
     cpu_bytes = int(parts[knobs.on_cpu].sum())
     gpu_expert_bytes = int(parts[~knobs.on_cpu].sum())
-    allocations = vram_allocations(layout, profile, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload, where,
-                                   knobs.cpu_layers, knobs.output_on_gpu)
+    weights = file_weights(layout, where)
+    host = split_by_device(layout, weights, knobs.cpu_layers, knobs.output_on_gpu, knobs.ctx, knobs.ubatch)
+    allocations = vram_allocations(layout, profile, weights, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload,
+                                   host)
     vram_used = sum(a.bytes for a in allocations)
-    host = split_by_device(layout, file_weights(layout, where), knobs.cpu_layers, knobs.output_on_gpu, knobs.ctx,
-                           knobs.ubatch)
     why = None
     if vram_used > profile.vram_bytes:
         why = (f"llama.cpp would fail to load: CUDA error: out of memory ({vram_used / GIB:.2f} GiB of "
@@ -60,11 +60,11 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
                              "mapping (mainline's default; GGML_CUDA_NO_PINNED=1 on ik_llama.cpp)")
     notices = [f"experts in host memory: {cpu_bytes / GIB:.2f} GiB ({HOST_WORDS[knobs.host]}), on the GPU: "
                f"{gpu_expert_bytes / GIB:.2f} GiB"]
-    if knobs.cpu_blocks or not knobs.output_on_gpu:
-        notices.append(f"-ngl: blocks 0-{knobs.cpu_blocks - 1} run whole on the CPU" if knobs.cpu_blocks else
-                       "-ngl: every block on the GPU")
-        notices[-1] += (f", the output layer on the {'GPU' if knobs.output_on_gpu else 'CPU'}; "
-                        f"{host['cpu_weights'] / GIB:.2f} GiB of their other weights and "
-                        f"{host['cpu_cache'] / GIB:.2f} GiB of K/V in host memory")
+    if knobs.places_layers:
+        blocks = (f"blocks 0-{knobs.cpu_blocks - 1} run whole on the CPU" if knobs.cpu_blocks
+                  else "every block on the GPU")
+        notices.append(f"-ngl: {blocks}, the output layer on the {'GPU' if knobs.output_on_gpu else 'CPU'}; "
+                       f"{host['cpu_weights'] / GIB:.2f} GiB of their other weights and "
+                       f"{host['cpu_cache'] / GIB:.2f} GiB of K/V in host memory")
     return LlamaMemory(tuple(allocations), profile.vram_bytes - vram_used, why, KEY_NCMOE, notices=tuple(notices),
                        cpu_expert_bytes=cpu_bytes)

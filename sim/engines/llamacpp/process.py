@@ -115,7 +115,7 @@ class LlamaCppProcess:
             machine.page_cache.warm(keys)
         self.totals = dict(offloaded_layer_steps=0, cpu_layer_steps=0, h2d_expert_bytes=0, h2d_expert_copies=0,
                            cpu_expert_read_bytes=0, page_fault_read_bytes=0, reused_prompt_tokens=0)
-        if knobs.cpu_layers or not knobs.output_on_gpu:
+        if knobs.places_layers:
             self.totals.update(whole_cpu_layer_steps=0, cpu_layer_weight_bytes=0, h2d_layer_weight_bytes=0)
 
     # --- the pieces -------------------------------------------------------------------------------
@@ -208,16 +208,16 @@ class LlamaCppProcess:
         expert_bytes, fault, _ = yield from self._offloaded_layer(layer, rows)
         return n_bytes + expert_bytes, fault
 
-    def _output(self, on_host: bool, n_tokens: int):
+    def _output(self, on_host: bool):
         """The output layer of a decode token, on its side of -ngl (the hidden state crossing once if it must)."""
         m = self.m
         if self.knobs.output_on_gpu:
             if on_host:
-                yield from self._switch(n_tokens * self.hidden_bytes, False)
+                yield from self._switch(self.hidden_bytes, False)
             m.gpu.book(self.output_gpu_s, 0, 0, "output layer (GPU)")
         else:
             if not on_host:
-                yield from self._switch(n_tokens * self.hidden_bytes, True)
+                yield from self._switch(self.hidden_bytes, True)
             yield m.cpu_expert_matmul(self.cpu, self.output_bytes, self.output_bytes, self.knobs.threads,
                                       "output layer (CPU)")
             self.totals["cpu_layer_weight_bytes"] += self.output_bytes
@@ -251,7 +251,7 @@ class LlamaCppProcess:
                 read, fault = yield from self._cpu_layer(layer, rows[layer][None, :], self.knobs.threads)
                 self._step(request, "decode", step, layer, start, 1, file_read_bytes=fault,
                            d2h_bytes=self.hidden_bytes)
-        yield from self._output(on_host, 1)
+        yield from self._output(on_host)
         yield m.gpu.drained()
 
     def ubatch(self, request: int, step: int, rows: np.ndarray, first: int):
@@ -346,7 +346,7 @@ class LlamaCppProcess:
             "compute_buffer_mib": round(next(a.bytes for a in self.memory.allocations if a.name == "compute buffer")
                                         / MIB, 1),
             **({"cpu_blocks": knobs.cpu_blocks, "output_layer": "GPU" if knobs.output_on_gpu else "CPU"}
-               if knobs.cpu_layers or not knobs.output_on_gpu else {}),
+               if knobs.places_layers else {}),
             **self.totals,
         }
         return EngineState(None, None, None, None, None, tuple(self.notices), detail)

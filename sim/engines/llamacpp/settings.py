@@ -259,6 +259,11 @@ class Knobs:
                    variant.copy_used_only and not flags.no_ooae)
 
     @property
+    def places_layers(self) -> bool:
+        """Whether -ngl leaves anything on the CPU (a block or the output layer)."""
+        return bool(self.cpu_blocks) or not self.output_on_gpu
+
+    @property
     def cpu_layers(self) -> int:
         """Routed layers that run whole on the CPU (-ngl)."""
         return int(self.whole_cpu.sum())

@@ -42,14 +42,14 @@ def split_by_device(layout, weights, cpu_layers: int, output_on_gpu: bool, ctx: 
             "gpu_cache": cache - cpu_cache, "cpu_cache": cpu_cache}
 
 
-def vram_allocations(layout, profile, on_cpu: np.ndarray, ctx: int, ubatch: int, op_offload: bool,
-                     where: str, cpu_layers: int = 0, output_on_gpu: bool = True) -> list[Allocation]:
-    """What the GPU holds once loaded, in the order llama.cpp allocates it (the module docstring)."""
-    weights = file_weights(layout, where)
+def vram_allocations(layout, profile, weights, on_cpu: np.ndarray, ctx: int, ubatch: int, op_offload: bool,
+                     split: dict | None = None) -> list[Allocation]:
+    """What the GPU holds once loaded, in the order llama.cpp allocates it (the module docstring); `split` is
+    split_by_device's for a placement with -ngl (None: every layer on the GPU)."""
     parts = part_bytes(layout) * layout.n_experts  # whole tensors
     staging = int(parts[on_cpu].max()) if op_offload and on_cpu.any() else 0
     activations = (ACTIVATION_COPIES * layout.hidden + weights.vocab) * ubatch * FP32_BYTES
-    split = split_by_device(layout, weights, cpu_layers, output_on_gpu, ctx, ubatch)
+    split = split or split_by_device(layout, weights, 0, True, ctx, ubatch)
     return [Allocation("vram", "runtime reserved (driver, context)", profile.runtime_reserved_bytes),
             Allocation("vram", "non-expert weights", split["gpu_weights"]),
             Allocation("vram", "expert tensors on the GPU", int(parts[~on_cpu].sum())),
@@ -67,12 +67,11 @@ def fit_placement(layout, profile, ctx: int, ubatch: int, op_offload: bool, wher
     the fewest such layers that leave the 1 GiB margin. When even every layer's experts on the CPU leave no margin,
     fit cannot place the rest [E: it would then move whole layers, not modelled]: every expert stays on the CPU."""
     n_layers = len(layout.layers)
+    weights = file_weights(layout, where)
     for n_cpu in range(n_layers + 1):
         on_cpu = np.zeros((n_layers, 3), bool)
         on_cpu[n_layers - n_cpu:] = True
-        used = sum(a.bytes for a in vram_allocations(layout, profile, on_cpu, ctx, ubatch, op_offload, where))
+        used = sum(a.bytes for a in vram_allocations(layout, profile, weights, on_cpu, ctx, ubatch, op_offload))
         if used + FIT_MARGIN_BYTES <= profile.vram_bytes:
             return on_cpu
     return np.ones((n_layers, 3), bool)
-
-

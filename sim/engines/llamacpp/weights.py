@@ -4,9 +4,10 @@ reads one row of it), and what its attention costs per position of context (`Att
 figure are run; another model is refused naming these.
 
 The GPU's time for those weights comes from the machine: in decode a layer streams its share of them (the output
-projection once a token), and the K/V of the positions it attends to, out of VRAM (Machine.vram_read_s); in a prompt ubatch the profile's prompt figure for the
-model class is split between them and the routed experts by bytes, and the attention over the context adds that
-figure's time per FLOP (the reference's §9: no per-op figure of llama.cpp's kernels is published).
+projection once a token), and the K/V of the positions it attends to, out of VRAM (Machine.vram_read_s); in a prompt
+ubatch the profile's prompt figure for the model class is split between them and the routed experts by bytes, and the
+attention over the context adds its FLOPs at the GPU's measured attention rate, else at that figure's time per FLOP
+(Machine.attention_s; the reference's §9: no per-op figure of llama.cpp's kernels is published).
 """
 
 from __future__ import annotations
@@ -134,10 +135,11 @@ def _embedding(vocab: int, hidden: int, type_name: str) -> int:
 
 def _gpt_oss(file_gib: float, layout, n_layers: int, active_params: float, source: str) -> FileWeights:
     # the file less its routed experts and its token embedding (201,088 x 2880; Q8_0 in the MXFP4 files [E])
-    gpu = int(file_gib * GIB) - layout.total_expert_bytes - _embedding(GPT_OSS_VOCAB, layout.hidden, "Q8_0")
+    embedding = _embedding(GPT_OSS_VOCAB, layout.hidden, "Q8_0")  # the output projection is taken as the same
+    gpu = int(file_gib * GIB) - layout.total_expert_bytes - embedding
     attention = Attention(_GPT_OSS_KV, n_layers // 2, n_layers - n_layers // 2, 128, 4 * 64 * 64,
                           active_params / n_layers)
-    return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, _embedding(GPT_OSS_VOCAB, layout.hidden, "Q8_0"), source)
+    return FileWeights(gpu, attention, 0, GPT_OSS_VOCAB, embedding, source)
 
 
 def file_weights(layout, where: str) -> FileWeights:
