@@ -22,3 +22,23 @@ class InputError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+def require_regular_file(path, where: str, what: str) -> None:
+    """Refuse an input path that is not a regular file, saying what it is instead: missing, a folder, or a device,
+    FIFO or socket (reading /dev/null gives nothing, a FIFO would wait for a writer). `what` names the file the
+    command wanted ("a trace file")."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(where, "path", str(path), "no such file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(where, "path", str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(where, "path", str(path), f"is a folder, not {what}")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise InputError(where, "path", str(path), f"is {kind}, not {what} (a regular file)")

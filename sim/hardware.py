@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from sim.errors import InputError
 from sim.schema import Quantity, Strict, display_path, is_file, parse_toml, quantity, read_bytes, safe_path, \
@@ -31,18 +31,31 @@ from sim.units import GIB, MIB
 REPO_SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
-GBps = quantity("GB/s", gt=0)
-TFlops = quantity("TFLOPS", gt=0)
-Micros = quantity("us", ge=0)
-MicrosPerGiB = quantity("us/GiB", ge=0)
-GiBs = quantity("GiB", gt=0)
-GiBsOrZero = quantity("GiB", ge=0)
-MiBs = quantity("MiB", ge=0)
-KiBs = quantity("KiB", gt=0)
-Threads = quantity("threads", ge=1)
-Cores = quantity("cores", ge=1)
+# The largest figure each unit admits. Sizes: 2**53 bytes (8 PiB), the most a float64 counts byte-exactly, so byte
+# arithmetic stays exact (vram_gib = 1e30 was taken and overflowed later). Rates: 10,000,000 GB/s and TFLOPS, a
+# thousand times the fastest part shipping (B200: 8 TB/s HBM3e, 9,000 dense FP4 TFLOPS, NVIDIA's datasheet): room
+# for a what-if box whose link is made free (tests/test_engine_mechanisms.py makes I/O 1000x faster), none for 1e30.
+# Times: 1e9 us (1,000 s) for one operation. CPUs: 8,192, the most Linux supports (x86-64 CONFIG_NR_CPUS, Kconfig).
+# Queue depth: 65,536, the most entries of an NVMe I/O queue (NVMe base specification, CAP.MQES).
+MAX_BYTES = 2**53
+MAX_GBPS = 10_000_000.0
+MAX_TFLOPS = 10_000_000.0
+MAX_MICROS = 1e9
+MAX_CPUS = 8_192
+MAX_QUEUE_DEPTH = 65_536
+GBps = quantity("GB/s", gt=0, le=MAX_GBPS)
+TFlops = quantity("TFLOPS", gt=0, le=MAX_TFLOPS)
+Micros = quantity("us", ge=0, le=MAX_MICROS)
+MicrosPerGiB = quantity("us/GiB", ge=0, le=MAX_MICROS)
+GiBs = quantity("GiB", gt=0, le=MAX_BYTES / GIB)
+GiBsOrZero = quantity("GiB", ge=0, le=MAX_BYTES / GIB)
+MiBs = quantity("MiB", ge=0, le=MAX_BYTES / MIB)
+KiBs = quantity("KiB", gt=0, le=MAX_BYTES / 1024)
+Threads = quantity("threads", ge=1, le=MAX_CPUS, whole=True)
+Cores = quantity("cores", ge=1, le=MAX_CPUS, whole=True)
 # One point of the SSD table: the read bandwidth reached at `queue_depth` requests in flight.
-SsdPoint = quantity("GB/s", gt=0, extra=(("queue_depth", Annotated[int, Field(ge=1)]),))
+SsdPoint = quantity("GB/s", gt=0, le=MAX_GBPS,
+                    extra=(("queue_depth", Annotated[int, Field(ge=1, le=MAX_QUEUE_DEPTH)]),))
 
 
 # ------------------------------------------------------------------------------------------- profile
@@ -85,6 +98,26 @@ class Host(Strict):
     # whole, and Strata then pins its expert arena layer slice by layer slice up to it (src/core/pinned.cu, #243).
     # Absent: no bound (Linux drivers pin the whole arena).
     gpu_pinnable_gib: GiBs | None = None
+
+    # A host that exists: its OS leaves it some RAM, and it runs a thread per core at least (a profile whose
+    # os_reserved_gib exceeded its ram_gib ran on, decode four times slower, without a word). The fields above are
+    # validated first, so info.data holds ram_gib and hardware_threads here unless they were refused themselves.
+    @field_validator("os_reserved_gib", mode="after")
+    @classmethod
+    def _below_the_ram(cls, reserved, info: ValidationInfo):
+        ram = info.data.get("ram_gib")
+        if ram is not None and reserved.value >= ram.value:
+            raise ValueError(f"must be below host.ram_gib ({ram.value:g} GiB): the OS cannot hold all the RAM")
+        return reserved
+
+    @field_validator("physical_cores", mode="after")
+    @classmethod
+    def _at_most_the_threads(cls, cores, info: ValidationInfo):
+        threads = info.data.get("hardware_threads")
+        if threads is not None and cores.value > threads.value:
+            raise ValueError(f"must be at most host.hardware_threads ({threads.value:g}): a core runs a thread "
+                             "at least")
+        return cores
 
 
 class Unified(Strict):

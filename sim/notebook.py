@@ -67,7 +67,7 @@ class Run:
         from sim.results import write_results
         from sim.outputs import claim_folder
 
-        claim_folder(Path(folder), force, "folder")
+        claim_folder(Path(folder), force, "folder", force_as="force=True")
         self.record["files"] = write_results(self._result, folder)
         return self.record["files"]
 

@@ -49,12 +49,13 @@ def claim_file(path: str | Path, force: bool, field: str) -> Path:
     return path
 
 
-def claim_folder(path: str | Path, force: bool, field: str) -> Path:
-    """A results folder about to be written: refused if it is a file, or holds anything and --force is not given
-    (a user's files, or another run's or sweep's results, would be mixed with this one's)."""
+def claim_folder(path: str | Path, force: bool, field: str, force_as: str = "--force") -> Path:
+    """A results folder about to be written: refused if it is a file, or holds anything and `force` is not given
+    (a user's files, or another run's or sweep's results, would be mixed with this one's). `force_as`: how the
+    caller spells it, the option or the Python API's argument."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise InputError(str(path), field, str(path), "is a file, not a folder")
     if path.is_dir() and any(path.iterdir()) and not force:
-        raise InputError(str(path), field, str(path), "is not empty; add --force to write into it")
+        raise InputError(str(path), field, str(path), f"is not empty; add {force_as} to write into it")
     return path

@@ -23,15 +23,18 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
 from sim.engines import ENGINES, settings_union
-from sim.errors import InputError
+from sim.errors import InputError, require_regular_file
 from sim.hardware import Compute, HardwareProfile, load_hardware_file, resolve_hardware, with_values
 from sim.model.layout import ModelLayout
 from sim.schema import Strict, is_file, read_toml, safe_path, validate
 
 SCHEMA = "expertsim.scenario/1"
+# A request's tokens are numbered in a trace's int32 positions (sim.trace.format): a longer request has no row to
+# be (scenario init took a 1e20-token prompt without a word).
+MAX_REQUEST_TOKENS = 2**31 - 1
 
 
 # ------------------------------------------------------------------------------------------ scenario
@@ -42,10 +45,11 @@ class Request(Strict):
     label: str | None = None
     # The whole prompt the request sends. A later turn of a conversation repeats the earlier turns (their
     # prompt and output) and adds its own tokens, so its prompt_tokens >= that context.
-    prompt_tokens: Annotated[int, Field(ge=1)]
-    decode_tokens: Annotated[int, Field(ge=0)]
+    prompt_tokens: Annotated[int, Field(ge=1, le=MAX_REQUEST_TOKENS)]
+    decode_tokens: Annotated[int, Field(ge=0, le=MAX_REQUEST_TOKENS)]
     conversation: Annotated[str, Field(min_length=1)] | None = None  # None: a conversation of its own
-    think_time_s: Annotated[float, Field(ge=0)] = 0.0  # idle time before the request arrives
+    # idle time before the request arrives; at most a day: a longer pause is a new session, not a turn of one
+    think_time_s: Annotated[float, Field(ge=0, le=86_400)] = 0.0
     measured: bool = False  # the request a validation figure refers to
 
 
@@ -54,6 +58,17 @@ class Workload(Strict):
     # The page cache when the run starts: "warm", the model files were read before (a previous run, the
     # model load) and it holds what fits of them; "cold", it holds nothing of them.
     page_cache: Literal["warm", "cold"] = Field("warm", alias="page-cache")
+
+    @field_validator("requests", mode="after")
+    @classmethod
+    def _one_measured(cls, requests: list[Request]) -> list[Request]:
+        """The summary's headline describes one request: a second `measured = true` was taken and the headline
+        silently described the last."""
+        measured = [i for i, request in enumerate(requests) if request.measured]
+        if len(measured) > 1:
+            raise ValueError(f"requests {', '.join(map(str, measured))} each set measured = true: the summary "
+                             "describes one request; keep it on one")
+        return requests
 
 
 class TraceSource(Strict):
@@ -221,8 +236,7 @@ def load_scenario(path: str | Path, data: dict | None = None, profile_values: di
     where = str(path)
     safe_path(where, "path", where)
     file = Path(path)
-    if not is_file(file):
-        raise InputError(where, "path", where, "is a folder, not a scenario file" if file.is_dir() else "no such file")
+    require_regular_file(file, where, "a scenario file")
     base = file.resolve().parent
     scenario: Scenario = validate(where, Scenario, read_toml(file, where) if data is None else data)
     hw_path = resolve_hardware(scenario.hardware, base, where)

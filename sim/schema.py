@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, create_model, \
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, create_model, \
     field_validator
 
-from sim.errors import InputError
+from sim.errors import InputError, require_regular_file
 
 # "[S] ...", "[M] ...", "[H] ...", "[E] ...", also "[E from M]", "[M/H]", "[E from S/H]".
 _TAGS = "SMHE"
@@ -45,6 +45,7 @@ def safe_path(where: str, field: str, text: object) -> None:
 
 
 def read_bytes(path: Path, where: str) -> bytes:
+    require_regular_file(path, where, "a TOML file")
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -164,7 +165,10 @@ def _why(err: dict, root: type[BaseModel]) -> tuple[str, object]:
     original = value
     if kind not in ("extra_forbidden", "model_type", "model_attributes_type", "dict_type", "union_tag_invalid",
                     "union_tag_not_found") and isinstance(value, (dict, list)):
-        value = "{...}" if isinstance(value, dict) else f"[{len(value)} item{'' if len(value) == 1 else 's'}]"
+        if isinstance(value, dict) and {"value", "unit"} <= value.keys():  # a sourced number: its figure
+            value = f"{value['value']!r} {value['unit']}"
+        else:
+            value = "{...}" if isinstance(value, dict) else f"[{len(value)} item{'' if len(value) == 1 else 's'}]"
     target = _walk(root, loc)
     if kind == "extra_forbidden":
         parent = _walk(root, loc[:-1])
@@ -231,7 +235,32 @@ def input_error(where: str, exc: ValidationError, root: type[BaseModel]) -> Inpu
     return InputError(where, path, value, why)
 
 
+INT64_LIMIT = 2**63  # TOML's integers are 64-bit (toml.io, v1.0.0: "Integers"); Python's reader takes any size
+
+
+def _first_huge_integer(node, path: str = "") -> tuple[str, int] | None:
+    """The first integer of a file's data outside 64 bits, with its key path (a.b[2].c), else None."""
+    if isinstance(node, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in node.items())
+    elif isinstance(node, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(node))
+    else:
+        huge = isinstance(node, int) and not isinstance(node, bool) and not -INT64_LIMIT <= node < INT64_LIMIT
+        return (path or "(file)", node) if huge else None
+    for key, value in items:
+        found = _first_huge_integer(value, key)
+        if found:
+            return found
+    return None
+
+
 def validate(where: str, model: type[BaseModel], data: object):
+    """`data` (a TOML file's, or a scenario with --set values) as `model`, or the first defect as one InputError.
+    Every integer must fit 64 bits, the rule of TOML itself: one check here for every file and every --set (a
+    max-context of 2**70 was taken)."""
+    huge = _first_huge_integer(data)
+    if huge is not None:
+        raise InputError(where, huge[0], huge[1], "outside a 64-bit integer (-2**63 .. 2**63 - 1)")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -290,11 +319,20 @@ class Quantity(Strict):
         return rng
 
 
+def _whole(value: float) -> float:
+    if not float(value).is_integer():
+        raise ValueError(f"must be a whole number, got {value:g}")
+    return value
+
+
 @lru_cache(maxsize=None)
-def quantity(unit: str, *, gt: float | None = None, ge: float | None = None, extra: tuple = ()) -> type[Quantity]:
-    """A Quantity subclass whose unit must be `unit` and whose value obeys gt/ge."""
+def quantity(unit: str, *, gt: float | None = None, ge: float | None = None, le: float | None = None,
+             whole: bool = False, extra: tuple = ()) -> type[Quantity]:
+    """A Quantity subclass whose unit must be `unit` and whose value obeys gt/ge/le (and is a whole number where
+    `whole`: a count)."""
+    checks = (Field(gt=gt, ge=ge, le=le),) + ((AfterValidator(_whole),) if whole else ())
     fields: dict[str, Any] = {
-        "value": (Annotated[float, Field(gt=gt, ge=ge)], ...),
+        "value": (Annotated[float, *checks], ...),
         "unit": (Literal[unit], ...),
     }
     for name, annotation in extra:

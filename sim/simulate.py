@@ -5,29 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import simpy
 
 from sim.engines import engine_of
 from sim.engines.records import Domain
 from sim.engines.recorder import Recorder
 from sim.machine import Machine
+from sim.machine.environment import Environment
 from sim.results import RunResult
 from sim.units import MIB
 from sim.version import __version__
 from sim.workload import workload_routing
-
-
-class CountingEnvironment(simpy.Environment):
-    """SimPy's environment, counting the events it schedules: what a run costs in events (the summary's
-    simulated_events, docs/design.md), for one integer increment per event."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events_scheduled = 0
-
-    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
-        self.events_scheduled += 1
-        super().schedule(event, priority, delay)
 
 
 def provenance(scenario, trace_sha256: str, **extra) -> dict:
@@ -63,11 +50,16 @@ def extent_bytes(layout) -> np.ndarray:
     return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
 
 
-def run_scenario(scenario, record_values: dict[str, float] | None = None) -> RunResult:
-    """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures."""
+def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_plan: bool = True) -> RunResult:
+    """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures.
+    Without `copy_plan` the result's copies frame is empty (the summary is the same: tests/test_workload.py)."""
     engine = engine_of(scenario)
+    if engine.timed:
+        # the engine's start-up refusals (a GPU too small for what comes before the cache) before the routing is
+        # built: generating a long prompt's routing took ~40 s of a run that was then refused
+        engine.plan_memory(scenario)
     routing = workload_routing(scenario)
-    recorder = Recorder()
+    recorder = Recorder(copy_plan=copy_plan)
     if not engine.timed:  # no machine and no clock: the engine only counts
         state = engine.process(scenario, routing, recorder, None, None).state()
         summary = {
@@ -83,7 +75,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None) -> Run
             "provenance": provenance(scenario, routing.sha256, **state.provenance),
         }
         return RunResult(summary, recorder.step_frame(), recorder.copy_frame(), pd.DataFrame())
-    env = CountingEnvironment()
+    env = Environment()
     machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout))
     domain = Domain(engine.name, scenario.layout.name, scenario.hardware_profile.name,
                     engine.context_tokens(scenario.engine), record_values)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import numpy as np
 
 from sim.version import __version__
 from sim.errors import InputError
-from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, read_trace
+from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader, read_trace
 
 
 @dataclass(frozen=True)
@@ -165,16 +166,23 @@ def _build_routing(scenario) -> WorkloadRouting:
                                         decode, decode[:, n_routed:] if mtp else None))
         hashes.append(trace.sha256())
     else:
+        stop = threading.Event()
+
         def one(job: tuple[int, bool]) -> Trace:
             i, draft = job
             request = requests[i]
             seed = mtp_seed(scenario.trace.seed, i) if draft else scenario.trace.seed + i
-            return generate_trace(scenario.trace.generator, request.prompt_tokens, max(request.decode_tokens, 1), seed)
+            return generate_trace(scenario.trace.generator, request.prompt_tokens, max(request.decode_tokens, 1), seed,
+                                  stop=stop)
 
         jobs = [(i, False) for i in range(len(requests))] + ([(i, True) for i in range(len(requests))] if mtp else [])
         # the generator's kernel releases the GIL: requests are generated side by side, in a fixed order
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            traces = list(pool.map(one, jobs))
+            try:
+                traces = list(pool.map(one, jobs))
+            except BaseException:  # a Ctrl-C, or a failed request: the others stop at their next block of rows,
+                stop.set()         # not after their whole prompt (the pool's exit waits for them)
+                raise
         n_mtp = scenario.layout.n_mtp_layers
         for i, (request, trace) in enumerate(zip(requests, traces)):
             draft = None
@@ -187,3 +195,21 @@ def _build_routing(scenario) -> WorkloadRouting:
                                         _phase_rows(trace, PHASE_DECODE)[: request.decode_tokens], draft))
             hashes.append(trace.sha256())
     return WorkloadRouting(tuple(parts), hashlib.sha256("".join(hashes).encode()).hexdigest())
+
+
+def workload_trace(scenario, routing: WorkloadRouting | None = None) -> Trace:
+    """The scenario's workload routing (given, or built) as one trace, as the replay engine and the bench's LRU peer
+    replay it: per request its prompt rows, then its decode rows; the routed layers only."""
+    routing = workload_routing(scenario) if routing is None else routing
+    layout = scenario.layout
+    routed = layout.n_routed_layers
+    experts, request, position, phase = [], [], [], []
+    for i, r in enumerate(routing.requests):
+        rows = len(r.prompt) + len(r.decode)
+        experts += [r.prompt[:, :routed], r.decode[:, :routed]]
+        phase += [np.full(len(r.prompt), PHASE_PREFILL), np.full(len(r.decode), PHASE_DECODE)]
+        request.append(np.full(rows, i))
+        position.append(np.arange(rows))
+    header = TraceHeader(layout.name, routed, layout.n_experts, layout.top_k, "scenario workload", routing.sha256)
+    return Trace(header, np.concatenate(request), np.concatenate(position), np.concatenate(phase),
+                 np.concatenate(experts))

@@ -140,6 +140,17 @@ def test_lru_cache_reports_slots_and_victims():
     assert not cache.resident().any() and cache.count(0) == 0
 
 
+def test_a_pool_larger_than_its_keys_allocates_a_slot_per_key():
+    """Issue 34: a slot count past the keys (a user's 'hold everything') sizes the slot table by the keys, not by
+    the count (2**31 - 1 slots were an 8 GiB table)."""
+    assert kernels.lru_state(8, np.array([10**6]))["key_of_slot"].shape == (1, 8)
+    cache = LRUCache(2, 4, np.array([0]))
+    cache.resize(0, 10**6)
+    assert cache.state["key_of_slot"].shape == (1, 8)
+    outcome, _, _ = cache.access(0, np.array([0, 1, 2, 3, 0]), 0)
+    assert outcome.tolist() == [INSERT, INSERT, INSERT, INSERT, HIT]
+
+
 # --- references -----------------------------------------------------------------------------------
 
 
@@ -195,6 +206,39 @@ def test_lru_equals_ordered_dict_reference(data, capacity):
     trace = make_trace(experts, n_experts=n_experts)
     seq = flatten_keys(trace).tolist()
     assert len(seq) - misses(trace, "lru", capacity) == ordered_dict_lru(seq, capacity)
+
+
+@settings(max_examples=200, deadline=None)
+@given(routing, st.integers(0, 6), st.integers(0, 6), st.booleans())
+def test_steps_in_one_call_equal_an_ordered_dict_lru_per_pool(data, cap0, cap1, split):
+    """LRUCache.access_steps (a ds4 decode token's lookups in one kernel call): each step's outcomes are those
+    of an OrderedDict LRU per pool fed the steps one after another; layers share pools (`split`: layer 0 in
+    pool 0, the others in pool 1; else all in pool 0)."""
+    experts, n_experts = data
+    rows, layers, k = experts.shape
+    pool_of_layer = np.array([0 if (layer == 0 or not split) else 1 for layer in range(layers)], np.int64)
+    capacity = [cap0, cap1]
+    cache = LRUCache(layers, n_experts, np.array(capacity))
+    reference = [OrderedDict(), OrderedDict()]
+    step_layers = np.tile(np.arange(layers), rows)
+    outcome, counts = cache.access_steps(step_layers, experts.reshape(rows * layers, k), pool_of_layer)
+    for i, layer in enumerate(step_layers.tolist()):
+        pool = int(pool_of_layer[layer])
+        lru, expected = reference[pool], []
+        for e in experts.reshape(rows * layers, k)[i].tolist():
+            key = layer * n_experts + e
+            if key in lru:
+                lru.move_to_end(key)
+                expected.append(HIT)
+            elif not capacity[pool]:
+                expected.append(DIRECT)
+            else:
+                expected.append(INSERT if len(lru) < capacity[pool] else EVICT)
+                if len(lru) >= capacity[pool]:
+                    lru.popitem(last=False)
+                lru[key] = True
+        assert outcome[i].tolist() == expected
+        assert counts[i].tolist() == [expected.count(o) for o in (HIT, INSERT, EVICT, DIRECT)]
 
 
 @settings(max_examples=200, deadline=None)

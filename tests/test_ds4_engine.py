@@ -80,6 +80,30 @@ def test_runs_are_deterministic(per_class):
     pd.testing.assert_frame_equal(again.steps, per_class.steps)
 
 
+@pytest.mark.parametrize("name", ["ds4-504-per-class", "glm52-mtp-per-class"])
+def test_a_tokens_lookups_in_one_call_change_nothing(name, monkeypatch):
+    """Issue 33: a decode token's cache lookups in one kernel call (CudaDecode.lookups) give the run the same
+    steps and summary as each step looking up for itself (its own prepare and lookup), MTP layers included."""
+    from sim.engines.ds4.decode import CudaDecode
+
+    scenario = load_scenario(SCENARIOS / f"{name}.toml")
+    batched_tokens = []
+    ahead = CudaDecode.lookups
+
+    def counted(self, layers, experts):
+        found = ahead(self, layers, experts)
+        batched_tokens.append(found is not None)
+        return found
+
+    monkeypatch.setattr(CudaDecode, "lookups", counted)
+    one_call = run_scenario(scenario)
+    monkeypatch.setattr(CudaDecode, "lookups", lambda self, layers, experts: None)
+    per_step = run_scenario(scenario)
+    assert sum(batched_tokens) > 0.9 * len(batched_tokens)  # the path under test ran
+    pd.testing.assert_frame_equal(one_call.steps, per_step.steps)
+    assert one_call.summary == per_step.summary
+
+
 def test_results_are_written_with_provenance(per_class, tmp_path):
     files = write_results(per_class, tmp_path)
     summary = json.loads(Path(files["summary"]).read_text())
@@ -451,3 +475,80 @@ def test_pr605_syncs_the_upload_stream_once_per_expert_with_o_direct():
         run = uncached_q4(variant, {})
         worker = busy_by_kind(run, "ds4 selected-load worker")
         assert worker.loc["stream sync", "ops"] == syncs_per_expert * run.steps["file_blob_reads"].sum()
+
+
+def test_a_capped_class_cache_says_which_size_class_it_is(per_class, slab):
+    """Issue 34: the flagship run's notice "cache capped from 9472 to ... experts" did not say it was one size class
+    only. The engine's own line is kept as ds4 prints it and the class follows it; the class is the one whose
+    expert bytes are the line's MiB/expert (the model's layout, counted here)."""
+    import re
+
+    from sim.model.presets import get_preset
+    from sim.units import MIB
+
+    capped = [n for n in per_class.summary["notices"] if n.startswith("CUDA streaming expert cache capped from")]
+    assert capped
+    layer_bytes = get_preset("deepseek-v4-flash-q2-q4").expert_bytes_per_layer()[:43]
+    for notice in capped:
+        mib = float(re.search(r", ([\d.]+) MiB/expert\)", notice).group(1))
+        layers = int(sum(abs(b / MIB - mib) < 0.005 for b in layer_bytes))
+        assert re.search(rf"\) \[size class [12] of 2: {layers} of 43 layers; each class's cache is sized on its "
+                         r"own\]$", notice), notice
+    # one slab (before #504) has no classes, and a file of one quant one class: their lines are ds4's as printed
+    assert all("size class" not in n for n in slab.summary["notices"])
+    import tomllib
+
+    data = tomllib.loads((SCENARIOS / "ds4-504-per-class.toml").read_text())
+    data["model"] = data["trace"]["generator"] = "deepseek-v4-flash-q2"  # every routed layer q2: one class
+    data["workload"]["requests"] = [{"prompt_tokens": 200, "decode_tokens": 2, "measured": True}]
+    data["engine"]["flags"]["ssd-streaming-cache-experts"] = "11008"  # every expert: more than the card holds
+    notices = run_scenario(load_scenario(SCENARIOS / "ds4-504-per-class.toml", data)).summary["notices"]
+    assert any(n.startswith("CUDA streaming expert cache capped from 11008") for n in notices)
+    assert all("size class" not in n for n in notices)
+
+
+def test_a_trace_of_ones_own_asks_for_a_hotlist_by_name_and_says_how_to_make_one(tmp_path):
+    """Issue 34: a ds4 scenario with the user's own trace failed naming "DS4_METAL_STREAMING_EXPERT_HOTLIST = None"
+    on a CUDA box. The refusal says the variable is unset, why ds4 wants it, and both ways on; the list that
+    `expertsim trace hotlist` writes from a profiling run then runs."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from sim.errors import InputError
+    from sim.trace.format import write_trace
+    from sim.trace.generate import generate_trace
+
+    write_trace(generate_trace("deepseek-v4-flash-q2-q4", 40, 8, seed=11), tmp_path / "mine.parquet")
+    (tmp_path / "mine.toml").write_text((SCENARIOS / "ds4-504-per-class.toml").read_text())  # beside its trace
+    data = tomllib.loads((SCENARIOS / "ds4-504-per-class.toml").read_text())
+    data["trace"] = {"path": "mine.parquet"}
+    data["workload"]["requests"] = [{"prompt_tokens": 40, "decode_tokens": 8, "measured": True}]
+    with pytest.raises(InputError) as info:
+        run_scenario(load_scenario(tmp_path / "mine.toml", data))
+    message = str(info.value)
+    assert "DS4_METAL_STREAMING_EXPERT_HOTLIST = (unset)" in message and "None" not in message
+    assert "expertsim trace hotlist" in message and "ssd-streaming-cold = true" in message
+    proc = subprocess.run([sys.executable, "-m", "sim", "trace", "hotlist", tmp_path / "mine.parquet", "-o",
+                           tmp_path / "hot.csv"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data["engine"]["env"]["DS4_METAL_STREAMING_EXPERT_HOTLIST"] = "hot.csv"
+    assert run_scenario(load_scenario(tmp_path / "mine.toml", data)).summary["engine_state"]["hotlist_seeding"][
+        "passes"] == 1
+
+
+def test_a_gpu_too_small_is_refused_before_the_routing_is_built(monkeypatch):
+    """Issue 34: a ds4 VRAM refusal came after 39.7 s of work (the routing of a long prompt generated first). The
+    start-up refusal now comes before the routing is asked for."""
+    import sim.simulate
+    from sim.errors import InputError
+
+    def no_routing(scenario):
+        raise AssertionError("the routing was built before the refusal")
+
+    monkeypatch.setattr(sim.simulate, "workload_routing", no_routing)
+    scenario = variant_of("ds4-504-per-class.toml", env={"DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB": "4"})
+    small = load_scenario(SCENARIOS / "ds4-504-per-class.toml",
+                          {**scenario.model_dump(by_alias=True, exclude_none=True), "hardware": "rtx-3060-12gb"})
+    with pytest.raises(InputError, match="before its expert cache; the GPU has 12.00 GiB"):  # the card's 12 GiB
+        sim.simulate.run_scenario(small)

@@ -111,12 +111,13 @@ def test_the_state_declares_every_key_and_agrees_with_its_detail(engine):
     from sim.engines.records import Domain
     from sim.engines.recorder import Recorder
     from sim.machine import Machine
-    from sim.simulate import CountingEnvironment, extent_bytes
+    from sim.machine.environment import Environment
+    from sim.simulate import extent_bytes
     from sim.workload import workload_routing
 
     path = seed_of(engine)
     scenario = load_scenario(path, small(path))
-    env = CountingEnvironment()
+    env = Environment()
     machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout)) if engine.timed else None
     domain = Domain(engine.name, scenario.layout.name, scenario.hardware_profile.name, None)
     process = engine.process(scenario, workload_routing(scenario), Recorder(), machine, domain)

@@ -9,10 +9,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.errors import InputError
 from sim.hardware import HardwareProfile, load_hardware
-from sim.schema import Quantity
+from sim.schema import Quantity, validate
 from sim.units import GIB, MIB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +27,8 @@ EXPECTED = {"rtx-5090-48gb-windows", "rtx-pro-6000-96gb", "rtx-4090", "rtx-4060t
             "rtx-5090-9700x-windows", "rtx-4090-14900k-32gb", "rx-7700xt-docker-10gib", "rtx-4070-laptop-8gb-windows",
             "rtx-5070-12gb-windows", "rtx-5080-16gb-windows", "rtx-3060-12gb", "rx-7700xt-12gb", "strix-halo-128gb-stock",
             "rx-7900xt-20gb-5900x", "rtx-4080-7950x", "rtx-4080-5975wx", "rtx-3090", "rtx-2080-10900x",
-            "rx-6900xt-16gb-7900", "rtx-4070-12gb-wsl2"}
+            "rx-6900xt-16gb-7900", "rtx-4070-12gb-wsl2", "rtx-pro-6000-maxq-9374f", "rtx-a1000-9900t",
+            "rtx-pro-6000-maxq-9175f"}
 UNIFIED = {"dgx-spark-gb10", "strix-halo-128gb", "strix-halo-128gb-stock", "m5-pro-64gb"}
 
 
@@ -190,6 +193,66 @@ def test_bad_profile_is_one_line_naming_file_and_key(tmp_path, old, new, key, wh
     assert old in BASE
     message = _error(tmp_path, BASE.replace(old, new, 1))
     assert f": {key}" in message and why in message
+
+
+def _replace_value(text: str, key: str, value: str) -> str:
+    """The profile text with the figure `key` (a host.* key) set to `value`."""
+    line = next(line for line in text.splitlines() if line.startswith(key + " = {"))
+    return text.replace(line, re.sub(r"value = [^,]+,", f"value = {value},", line, count=1), 1)
+
+
+@pytest.mark.parametrize("key, value, words", [
+    # issue 34: each of these was taken without a word
+    ("os_reserved_gib", "80", ("host.os_reserved_gib = 80 GiB", "must be below host.ram_gib (64 GiB)")),
+    ("os_reserved_gib", "64", ("host.os_reserved_gib = 64 GiB", "must be below host.ram_gib (64 GiB)")),
+    ("physical_cores", "32", ("host.physical_cores = 32 cores", "at most host.hardware_threads (16)")),
+    ("hardware_threads", "16.5", ("host.hardware_threads.value = 16.5", "whole number")),
+    ("physical_cores", "7.5", ("host.physical_cores.value = 7.5", "whole number")),
+    ("ram_gib", "1e30", ("host.ram_gib.value = 1e+30", "<= 8388608")),
+    ("memcpy_gbps", "1e8", ("host.memcpy_gbps.value = 100000000.0", "<= 10000000")),
+    ("hardware_threads", "100000", ("host.hardware_threads.value = 100000", "<= 8192")),
+])
+def test_a_host_that_cannot_exist_is_refused(tmp_path, key, value, words):
+    base = (HARDWARE / "rtx-4090.toml").read_text()  # 64 GiB of RAM, 16 threads, 8 cores
+    message = _error(tmp_path, _replace_value(base, key, value))
+    for word in words:
+        assert word in message, (word, message)
+
+
+BAD_FIGURES = {"NaN": float("nan"), "infinite": float("inf"), "minus infinite": float("-inf"), "negative": -1.0,
+               "huge": 1e30}
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fuzz_every_figure_of_every_profile_refuses_what_no_box_has(data):
+    """Issue 34: every numeric field of every shipped profile refuses a non-finite, negative or huge value and a
+    wrong unit, with one line naming the field (the field's key is in the message)."""
+    path = data.draw(st.sampled_from(PROFILES), label="profile")
+    dumped = load_hardware(path).model_dump(exclude_none=True)
+    figures = []  # (key parts, the figure's table) of every sourced number, found by walking the dump
+
+    def walk(parts, node):
+        if isinstance(node, dict) and {"value", "unit", "source"} <= node.keys():
+            figures.append((parts, node))
+        elif isinstance(node, (dict, list)):
+            for k, child in (node.items() if isinstance(node, dict) else enumerate(node)):
+                walk(parts + (k,), child)
+
+    walk((), dumped)
+    parts, figure = data.draw(st.sampled_from(figures), label="field")
+    kind = data.draw(st.sampled_from([*BAD_FIGURES, "wrong unit"]), label="bad value")
+    if kind == "wrong unit":
+        figure["unit"] = "furlongs"
+    else:
+        figure["value"] = BAD_FIGURES[kind]
+        figure.pop("range", None)  # a range must hold the value: the value's own rule is under test
+    with pytest.raises(InputError) as info:
+        validate(str(path), HardwareProfile, dumped)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path)), message
+    dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+    assert f": {dotted}" in message or f": {'.'.join(map(str, parts))}" in message, (parts, message)
 
 
 def test_missing_profile_and_bad_toml(tmp_path):

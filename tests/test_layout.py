@@ -162,7 +162,8 @@ def test_preset_names_are_exactly_the_agreed_ones():
         "qwen3.8-flash-next-iq3s", "qwen3.8-flash-next-q2_0", "qwen3.8-flash-next-iq3xxs",
         "qwen3.8-flash-next-huihui-iq3s", "qwen3.8-flash-next-iq2xs", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "mixtral-8x7b", "olmoe-1b-7b",
         "glm-5.2", "gpt-oss-120b", "gpt-oss-20b", "qwen3.6-35b-a3b", "glm-4.7-flash",
-        "qwen3.6-35b-a3b-q8_0", "qwen3-30b-a3b-q4_k_m", "qwen3.5-35b-a3b", "mixtral-8x7b-q4_k_m"])
+        "qwen3.6-35b-a3b-q8_0", "qwen3-30b-a3b-q4_k_m", "qwen3.5-35b-a3b", "mixtral-8x7b-q4_k_m",
+        "deepseek-v2-lite-q4_k_m", "deepseek-v3.2-q8_0", "glm-5.1-iq3_ks"])
     assert all(get_preset(name) is PRESETS[name] and PRESETS[name].name == name for name in preset_names())
 
 
@@ -251,11 +252,27 @@ def test_gpt_oss_experts_are_mxfp4():
     ("gpt-oss-20b", 20.9e9, 0.9),
     ("qwen3.6-35b-a3b", 35e9, 0.9),
     ("glm-4.7-flash", 31e9, 0.89),
+    # DeepSeek-V2-Lite: 15.7 B in all (its model card); 2 shared experts a layer, embeddings and MLA are 8 % of it
+    ("deepseek-v2-lite-q4_k_m", 15.7e9, 0.9),
+    # DeepSeek-V3.2's 685.36 B as llama-bench prints it (its MTP block counted; the routed total here leaves it out)
+    ("deepseek-v3.2-q8_0", 685.36e9, 0.95),
+    ("glm-5.1-iq3_ks", 744e9, 0.95),
 ])
 def test_routed_params_match_advertised_sizes(name, advertised_params, min_share):
     preset = get_preset(name)
     routed = 3 * preset.hidden * preset.expert_width * preset.n_experts * preset.n_routed_layers
     assert min_share * advertised_params <= routed <= advertised_params
+
+
+def test_a_k_quant_whose_rows_hold_no_super_block_falls_back_as_llama_cpp_writes_it():
+    """DeepSeek-V2-Lite's ffn_down rows are 1408 weights, not a multiple of 256: Q6_K is written Q8_0 and Q4_K Q5_0
+    (src/llama-quant.cpp's fallback), in the blocks llama.cpp's Q4_K_M rule picks (27 blocks: 0-2, 23-26 and every
+    third between)."""
+    layers = {layer.block: layer for layer in get_preset("deepseek-v2-lite-q4_k_m").layers}
+    assert layers[1].down_type == "Q8_0" and layers[3].down_type == "Q5_0" and layers[5].down_type == "Q8_0"
+    assert layers[1].gate_type == "Q4_K"
+    # GGML's block table: Q8_0 = 34 B and Q5_0 = 22 B per 32 weights, 2048 rows of 1408
+    assert layers[1].down_bytes == 2048 * 1408 // 32 * 34 and layers[3].down_bytes == 2048 * 1408 // 32 * 22
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

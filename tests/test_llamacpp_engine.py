@@ -76,6 +76,24 @@ def test_a_ubatch_below_the_threshold_runs_on_the_cpu():
     assert at.summary["engine_state"]["offloaded_layer_steps"] == 40
 
 
+def test_repacked_experts_run_a_large_ubatch_on_the_cpu():
+    """-rtr: a ubatch far above ik's threshold copies nothing; each CPU layer's mul_mat_id reads its used experts once
+    (the union from this run's own routing)."""
+    result = _run(4096, 1, variant="ik", **{"run-time-repack": True})
+    state = result.summary["engine_state"]
+    assert state["h2d_expert_bytes"] == 0 and state["offloaded_layer_steps"] == 0
+    prompt = result.routing.requests[0].prompt  # [tokens, layers, k]
+    cpu_layers = list(enumerate(result.scenario.layout.layers))[8:]  # ik's --n-cpu-moe 40: the last 40 of 48
+    expected = 0
+    for first in range(0, 4096, 512):  # -ub 512 ubatches
+        rows = prompt[first: first + 512]
+        expected += sum(np.unique(rows[:, i][rows[:, i] != MISSING]).size * layer.expert_bytes
+                        for i, layer in cpu_layers)
+    decode = result.routing.requests[0].decode[0]
+    expected += sum(np.unique(decode[i][decode[i] != MISSING]).size * layer.expert_bytes for i, layer in cpu_layers)
+    assert state["cpu_expert_read_bytes"] == expected
+
+
 def test_a_file_larger_than_ram_faults_from_the_drive():
     """§6: with the mapping, pages the page cache cannot hold are read from the SSD at every touch. 46.9 GiB of
     experts on the CPU with 31 GiB of RAM (rtx-4090-14900k-32gb) against 64 GiB (rtx-4090)."""

@@ -50,6 +50,7 @@ def test_mainline_counts_dense_blocks_toward_n_cpu_moe():
     layout = get_preset("glm-5.2")  # blocks 0-2 dense: blk.0..4 covers two MoE blocks
     assert _cpu_blocks(layout, "mainline", **{"n-cpu-moe": 5}) == [3, 4]
     assert _cpu_blocks(layout, "ik", **{"n-cpu-moe": 2}) == [76, 77]  # the last MoE layers; blk.78 is the MTP layer
+    assert _cpu_blocks(layout, "mainline", **{"n-cpu-moe": 999})[-2:] == [77, 78]  # blk.0..998: the MTP block's too
 
 
 def test_a_user_override_wins_over_cpu_moe_and_matches_as_a_substring():
@@ -87,6 +88,19 @@ def test_op_offload_switches_where_each_variant_says():
     assert not ik.offloads(1638, 10, 512) and ik.offloads(1639, 10, 512)
     off = Knobs.of(_scenario(**{"n-cpu-moe": 48, "no-op-offload": True}), "t")
     assert not off.offloads(4096, 10, 512)
+
+
+def test_run_time_repacking_keeps_the_host_matmuls_on_the_cpu_and_turns_the_mapping_off():
+    """ik's -rtr: the host tensors repacked for the CPU's kernels (no GPU kernel reads them, so no ubatch is offloaded),
+    and mmap turned off (ik #147), even with pinning off; mainline has no such flag."""
+    repacked = Knobs.of(_scenario(**{"n-cpu-moe": 48, "variant": "ik", "run-time-repack": True}), "t")
+    assert repacked.offload_threshold(10, 512) is None and not repacked.offloads(65_536, 10, 512)
+    unpinned = Knobs.of(_scenario(**{"n-cpu-moe": 48, "variant": "ik", "run-time-repack": True,
+                                     "env": {"GGML_CUDA_NO_PINNED": "1"}}), "t")
+    assert unpinned.host == "ram"  # without -rtr, GGML_CUDA_NO_PINNED keeps ik's mapping (§7)
+    with pytest.raises(InputError) as caught:
+        _scenario(**{"n-cpu-moe": 48, "run-time-repack": True})
+    assert "engine.flags.run-time-repack" in str(caught.value) and "read only by ik" in str(caught.value)
 
 
 def test_batches_are_clamped_as_the_context_does():

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sim.simulate import run_scenario
 from sim.results import write_results
 from sim.machine import Machine, Memory, PageCache, Server, SharedBandwidth, Ssd
+from sim.machine.environment import Environment
 from sim.machine.storage import INACTIVE_SHARE_BY_OS
 from sim.hardware import load_hardware
 from sim.scenario import load_scenario
@@ -113,6 +114,66 @@ def test_server_starts_jobs_when_a_fifo_simpy_resource_would(lanes, jobs):
         return job
 
     assert starts(server) == starts(resource)
+
+
+program = st.lists(st.tuples(st.sampled_from(["hold", "sync", "drained", "book", "timeout", "gate", "spawn",
+                                              "later"]), st.integers(0, 2), st.integers(0, 6)),
+                   min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(programs=st.lists(program, min_size=1, max_size=4))
+def test_the_environments_short_cut_moves_nothing(programs):
+    """sim.machine.environment.Environment resumes a process without the event queue where nothing can happen in
+    between: processes issuing jobs to shared servers, waiting on a gate several of them wait on (an event with
+    several callbacks), spawning others and yielding an event later, see the same times in the same order and
+    leave the same server logs as on SimPy's own environment. Times in quarter seconds."""
+    def trace(env):
+        servers = [Server(env, "stream"), Server(env, "thread", host_thread=True), Server(env, "pool", lanes=2)]
+        gate = env.timeout(1.25)
+        seen = []
+
+        def proc(pid, steps):
+            for n, (op, which, quarters) in enumerate(steps):
+                server, seconds = servers[which], quarters / 4
+                if op == "hold":
+                    yield server.hold(seconds)
+                elif op == "sync":
+                    yield servers[0].synchronize(server, seconds)
+                elif op == "drained":
+                    yield server.drained()
+                elif op == "book":
+                    server.book(seconds)
+                elif op == "timeout":
+                    yield env.timeout(seconds)
+                elif op == "gate":
+                    yield gate
+                elif op == "spawn":
+                    env.process(proc(f"{pid}.{n}", [("hold", which, quarters)]))
+                else:  # an event yielded after other work
+                    done = server.hold(seconds, later=True)
+                    servers[0].book(0.25)
+                    yield done
+                seen.append((pid, n, env.now))
+
+        for pid, steps in enumerate(programs):
+            env.process(proc(pid, steps))
+        env.run()
+        return seen, [s.intervals() for s in servers]
+
+    assert trace(Environment()) == trace(simpy.Environment())
+
+
+def test_the_short_cut_saves_the_events_of_a_lone_process():
+    env = Environment()
+    thread = Server(env, "thread", host_thread=True)
+
+    def proc():
+        for _ in range(10):
+            yield thread.hold(1.0)
+
+    run(env, proc())
+    assert env.now == 10.0 and env.events_scheduled == 2  # the process's start and its end, no timeout
 
 
 def test_synchronize_waits_for_the_queue_then_pays_the_call():

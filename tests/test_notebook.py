@@ -46,7 +46,7 @@ def test_tables_and_what_the_engine_said(run):
 def test_save_writes_the_command_lines_files_and_keeps_a_users_folder(run, tmp_path):
     written = run.save(tmp_path / "out")
     assert {Path(p).name for p in written.values()} >= {"summary.json", "steps.parquet", "links.parquet"}
-    with pytest.raises(InputError, match="is not empty"):
+    with pytest.raises(InputError, match="is not empty; add force=True"):  # issue 34: it said --force
         run.save(tmp_path / "out")
     run.save(tmp_path / "out", force=True)
 

@@ -13,10 +13,11 @@ def readme_commands() -> list[str]:
 
 def test_readme_starts_with_exactly_two_commands():
     commands = readme_commands()
-    assert commands[:2] == ["pip install -e . && expertsim demo",
+    # issue 34: the first block makes and activates a virtual environment
+    assert commands[:2] == ["python3 -m venv .venv && . .venv/bin/activate && pip install -e . && expertsim demo",
                             'pip install -e ".[test]" && python -m pytest -q']
     first_screen = (ROOT / "README.md").read_text().splitlines()[:24]
-    assert sum(line.startswith("pip install") for line in first_screen) == 2
+    assert sum(line.startswith(("pip install", "python3 -m venv")) for line in first_screen) == 2
 
 
 def test_ci_runs_the_readme_test_command_verbatim():

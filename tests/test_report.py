@@ -92,7 +92,8 @@ def test_run_report(run_dir):
     headline = dict(zip(*specs[0]["data"][0]["cells"]["values"]))
     assert headline["decode_tok_s"] == f"{summary['decode_tok_s']:,.1f} tok/s"
     assert headline["decode_hit_rate"] == f"{100 * summary['decode_hit_rate']:.1f} %"
-    assert headline["cache_mib"].endswith("GiB") and headline["cache_slots"] == f"{summary['cache_slots']:,}"
+    assert headline["cache_mib"] == f"{summary['cache_mib']:,.1f} MiB"  # issue 34: in the unit its key names
+    assert headline["cache_slots"] == f"{summary['cache_slots']:,}"
     per_class = specs[1]["data"][0]["cells"]["values"]
     assert per_class[1] == [f"{n:,}" for n in summary["engine_state"]["cache_slots_per_class"]]
     notices = specs[2]["data"][0]["cells"]["values"][1]
@@ -303,6 +304,24 @@ def test_sweep_heatmap_is_categorical_and_labelled(tmp_path):
         assert heat.texttemplate == label  # every cell shows its value
     assert figures["decode_tok_s sweep"].data[0].colorbar.title.text == "decode (tok/s)"
     assert [list(r) for r in figures["decode_tok_s sweep"].data[0].z] == [[10.0, 30.0], [12.0, 31.0]]
+
+
+def test_a_sweep_over_text_values_draws_points_not_a_line(tmp_path):
+    """Issue 34: a 1-D sweep over variants was drawn as a line through its alphabetically sorted names, a trend
+    that is not there. Text values get points; a numeric dimension keeps its line."""
+    from sim.explore.report.sweep_report import sweep_figures as _sweep_figures
+
+    out = tmp_path / "sweep"
+    (out / "points").mkdir(parents=True)
+    variant = "engine.variant"
+    (out / "manifest.json").write_text(json.dumps({"grids": [[variant]]}))
+    frame = pd.DataFrame({variant: ["pr504", "pr1082", "main-0728"], "decode_tok_s": [10.0, 30.0, 20.0],
+                          "error": [None] * 3})
+    trace = dict(_sweep_figures(out, frame))["decode_tok_s sweep"].data[0]
+    assert trace.mode == "markers" and sorted(trace.x) == ["main-0728", "pr1082", "pr504"]
+    (out / "manifest.json").write_text(json.dumps({"grids": [[CACHE]]}))
+    frame = pd.DataFrame({CACHE: ["2048", "9472"], "decode_tok_s": [10.0, 30.0], "error": [None] * 2})
+    assert dict(_sweep_figures(out, frame))["decode_tok_s sweep"].data[0].mode == "lines+markers"
 
 
 def test_what_changed_most_known_answer():

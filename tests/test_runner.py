@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.errors import InputError
 from sim.explore import plan as plan_module
 from sim.explore.runner import METRICS, evaluate, make_point, run_points
 from sim.explore.sweep import expand_grid, load_sweep, run_sweep
@@ -67,10 +68,18 @@ def test_a_point_that_does_not_load_records_its_error_without_running():
     assert row["error"] == point.error and row["method"] is None and row["decode_tok_s"] is None
 
 
+@pytest.mark.parametrize("executor", ["inline", "processes"])
+def test_a_scheduler_without_the_dask_executor_is_refused(executor):
+    """Issue 34: `sweep --scheduler ADDRESS` without `--executor dask` ran every point here without a word."""
+    point = _point(SHORT)
+    with pytest.raises(InputError, match="--scheduler.*needs --executor dask"):
+        list(run_points([point], executor=executor, scheduler="tcp://10.0.0.9:8786"))
+
+
 def test_a_point_that_fails_at_run_time_records_one_line(monkeypatch):
     import sim.simulate as run_module
 
-    def boom(scenario, record_values=None):
+    def boom(scenario, record_values=None, copy_plan=True):
         raise RuntimeError("the engine fell over\nin two lines")
 
     monkeypatch.setattr(run_module, "run_scenario", boom)

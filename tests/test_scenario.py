@@ -184,7 +184,8 @@ STRATA = (ROOT / "scenarios" / "strata-658-own.toml").read_text()
     (DS4, 'hardware = "rtx-pro-6000-96gb"', 'hardware = "rtx-9090"', "hardware = rtx-9090: no hardware profile"),
     (DS4, 'hardware = "rtx-pro-6000-96gb"', 'hardware = "hw/box.toml"', "hardware = hw/box.toml: no such file"),
     (DS4, 'model = "deepseek-v4-flash-q2-q4"', 'model = "deepseek-v5"',
-     "model = deepseek-v5: unknown model preset; valid: deepseek-v4-flash-q2,"),
+     "model = deepseek-v5: unknown model preset; valid: deepseek-v2-lite-q4_k_m, deepseek-v3.2-q8_0, "
+     "deepseek-v4-flash-q2,"),
     (DS4, 'model = "deepseek-v4-flash-q2-q4"', 'model = "models/flash.gguf"',
      "model = models/flash.gguf: no such file"),
     (DS4, '"9472"', '"11009"', "ssd-streaming-cache-experts = 11009: 11009 experts is more than the model's 11008"),
@@ -215,6 +216,9 @@ STRATA = (ROOT / "scenarios" / "strata-658-own.toml").read_text()
      "model = mixtral-8x7b: hardware profile rtx-pro-6000-96gb has no compute figures for model 'mixtral-8x7b'"),
     (DS4, "[[workload.requests]]", "[workload]\nrequests = []\n[[nothing]]", "workload.requests = [0 items]"),
     (DS4, "[[workload.requests]]", "[[[workload.requests]]", "toml = "),
+    # issue 34: a second measured request was taken and the headline silently described the last
+    (STRATA, 'label = "first long prompt', 'measured = true\nlabel = "first long prompt',
+     "workload.requests = [3 items]: requests 1, 2 each set measured = true: the summary describes one request"),
 ])
 def test_bad_scenarios_fail_in_one_line(tree, base, old, new, expected):
     assert old in base
@@ -447,3 +451,37 @@ def test_an_input_error_raised_inside_a_simpy_process_keeps_its_line():
 
     error = InputError("run.toml", "engine.flags.x", 3, "must be even")
     assert str(type(error)(*error.args)) == str(error) == "run.toml: engine.flags.x = 3: must be even"
+
+
+def _number_keys(data: dict) -> list[tuple]:
+    """The key path of every number (not a boolean) in a scenario's TOML data."""
+    def at(keys):
+        node = data
+        for key in keys:
+            node = node[key]
+        return node
+
+    return [keys for keys in _paths(data) if isinstance(at(keys), (int, float)) and not isinstance(at(keys), bool)]
+
+
+SCENARIO_NUMBERS = [(path, keys) for path in SCENARIOS for keys in _number_keys(tomllib.loads(path.read_text()))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=st.sampled_from(SCENARIO_NUMBERS),
+       bad=st.sampled_from([float("nan"), float("inf"), float("-inf"), -1, -0.5, 1e30, 2**63, 2**70, -2**70]))
+def test_fuzz_every_number_of_every_scenario_refuses_what_no_setting_has(case, bad):
+    """Issue 34: every number of every shipped scenario (engine flags, the workload, the trace's seed), set to a
+    value no setting has (non-finite, negative, huge), ends in one InputError naming its key: a max-context of
+    2**70 and a think time of 1e30 s were taken."""
+    path, keys = case
+    data = tomllib.loads(path.read_text())
+    node = data
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = bad
+    with pytest.raises(InputError) as info:
+        load_scenario(path, data)
+    message = str(info.value)
+    dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+    assert "\n" not in message and dotted in message, (dotted, message)

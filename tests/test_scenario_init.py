@@ -69,6 +69,39 @@ def test_each_engine_choice_writes_a_scenario_that_loads_and_runs(tmp_path, mode
     assert summary["engine"] == engine and (tmp_path / "out" / "summary.json").is_file()
 
 
+RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
+
+
+def test_the_starting_point_on_a_24_gb_card_has_an_expert_cache_and_says_which_default_it_changed(tmp_path):
+    """Issue 34: init for DeepSeek V4 Flash on an RTX 4090 kept ds4's default reserve (16 GiB, clamped to 12 on a
+    24 GB card), which leaves no expert cache. The reserve is set to the whole GiB holding one layer's 256 q4
+    experts (256 x 13.5 MiB = 3.375 GiB -> 4, ds4-engine.md §1.7), the line and the output say why, and the run
+    has a cache. A reserve the user sets is kept, with the warning."""
+    written = strict_json(expertsim("scenario", "init", "--model", "deepseek-v4-flash-q2-q4", "--hardware", "rtx-4090",
+                                    *SHORT, "-o", "start.toml", "--json", cwd=tmp_path).stdout)
+    assert written["room_for_a_cache"][RESERVE]["value"] == "4" and "no expert cache" in \
+        written["room_for_a_cache"][RESERVE]["why"]
+    assert written["warning"] is None
+    line = next(line for line in (tmp_path / "start.toml").read_text().splitlines()
+                if line.startswith("DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"))
+    assert line.startswith('DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB = "4"  # set here: ds4\'s default reserve')
+    summary = strict_json(expertsim("run", "start.toml", "--json", cwd=tmp_path).stdout)
+    assert summary["cache_slots"] > 0
+
+    kept = strict_json(expertsim("scenario", "init", "--model", "deepseek-v4-flash-q2-q4", "--hardware", "rtx-4090",
+                                 *SHORT, "--set", f"{RESERVE}=12", "-o", "mine.toml", "--json", cwd=tmp_path).stdout)
+    assert kept["room_for_a_cache"] == {} and "no expert cache" in kept["warning"]
+    assert load_scenario(tmp_path / "mine.toml").engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB == "12"
+
+
+def test_a_card_where_no_setting_gives_a_cache_gets_a_warning(tmp_path):
+    """A 12 GB card cannot hold what ds4 loads before its cache: no reserve helps, and init says so."""
+    written = strict_json(expertsim("scenario", "init", "--model", "deepseek-v4-flash-q2-q4", "--hardware",
+                                    "rtx-3060-12gb", *SHORT, "-o", "small.toml", "--json", cwd=tmp_path).stdout)
+    assert written["room_for_a_cache"] == {} and "before its expert cache" in written["warning"]
+    assert "# Note: " in (tmp_path / "small.toml").read_text()
+
+
 def test_a_setting_is_typed_as_run_set_types_it_and_says_it_is_set_here(tmp_path):
     written = strict_json(expertsim("scenario", "init", "--model", "qwen3.8-flash-next-iq3s", "--hardware",
                                     "rtx-4090", *SHORT, "--set", "engine.flags.vram-reserve-mib=1536",
@@ -147,6 +180,8 @@ def test_hardware_init_changes_a_figure_and_a_scenario_names_the_copy(tmp_path):
     ("vram_gbps=48", ["vram_gbps", "unknown profile field"]),
     ("vram_gib=lots", ["gpu.vram_gib", "lots", "a number in GiB"]),
     ("vram_gib=-4", ["gpu.vram_gib", "-4"]),
+    ("gpu.vram_gib=nan", ["gpu.vram_gib", "nan", "finite"]),  # issue 34: a ValueError traceback before
+    ("gpu.vram_gib=inf", ["gpu.vram_gib", "inf", "finite"]),
     ("dram_bandwidth_gbps=100", ["gpu.dram_bandwidth_gbps", "host.dram_bandwidth_gbps"]),  # two tables have it
 ])
 def test_hardware_init_refuses_a_bad_field_or_value_in_one_line(tmp_path, setting, needles):

@@ -51,6 +51,10 @@ def test_grid_lists_and_ranges_keep_the_schema_types():
     ("engine.variant=pr999", "engine.variant"),
     ("engine.flags.prefill-chunk=4:1:1", "engine.flags.prefill-chunk"),
     ("no-equals-sign", "--grid"),
+    # issue 34: a range of NaN was a ValueError traceback; a NaN or an infinity in a list reached the scenario
+    (f"{CACHE}=nan:10:1", "finite"),
+    ("engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB=4,nan", "nan"),
+    ("engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB=inf", "finite"),
 ])
 def test_bad_grid_is_one_line_naming_key_and_value(grid, named):
     with pytest.raises(InputError) as info:
@@ -344,15 +348,17 @@ def _start_long_sweep(out: Path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from /proc (Linux)")
-def test_ctrl_c_on_a_sweep_says_what_is_saved_and_stops_its_workers(tmp_path):
-    import signal
+@pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_on_a_sweep_says_what_is_saved_and_stops_its_workers(tmp_path, signum, code):
+    """Ctrl-C, and SIGTERM (issue 34: exit 143 without the message, a leaked-semaphore warning): the points saved
+    and the command that resumes, the workers gone, nothing leaked."""
     import time
 
     out = tmp_path / "long"
     proc, workers = _start_long_sweep(out)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert proc.returncode == code and "Traceback" not in stderr and "leaked" not in stderr, stderr
     saved = len(list((out / "points").glob("*.parquet")))
     line = stderr.strip().splitlines()[-1]
     assert f"{saved} of {(9472 - 1024) // 64 + 1} points are saved in {out}" in line and line.endswith("--resume")

@@ -67,14 +67,27 @@ def test_round_trip(tmp_path, weights):
     assert back.experts.dtype == np.uint16 and back.request.dtype == np.int32 and back.phase.dtype == np.uint8
 
 
-def test_round_trip_empty_and_wide(tmp_path):
+def test_round_trip_wide_and_an_empty_trace_is_refused_on_reading(tmp_path):
     empty = make_trace(rows=0, missing=())
     write_trace(empty, tmp_path / "e.parquet")
-    assert_same(empty, read_trace(tmp_path / "e.parquet"))
+    with pytest.raises(InputError, match="rows = 0: a trace holds at least one token"):  # issue 34: read silently
+        read_trace(tmp_path / "e.parquet")
     wide = make_trace(rows=3, n_layers=2, n_experts=65534, top_k=5, missing=())
     wide.experts[0, 0, 0] = 65533  # the largest id a trace can hold
     write_trace(wide, tmp_path / "w.parquet")
     assert_same(wide, read_trace(tmp_path / "w.parquet"))
+
+
+def test_a_long_trace_is_written_and_read_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """Issue 34: a million-token trace in one Parquet row group took ~5x its bytes to write and ~6x to read; row
+    groups of WRITE_ROW_GROUP_ROWS rows (made small here) keep one group in flight, and the trace is the same."""
+    import sim.trace.format as trace_format
+
+    monkeypatch.setattr(trace_format, "WRITE_ROW_GROUP_ROWS", 4)
+    trace = make_trace(rows=18)
+    write_trace(trace, tmp_path / "g.parquet")
+    assert pq.ParquetFile(tmp_path / "g.parquet").num_row_groups == 5  # 4 + 4 + 4 + 4 + 2 rows
+    assert_same(trace, read_trace(tmp_path / "g.parquet"))
 
 
 def test_sha256_is_content_hash(tmp_path):
@@ -143,6 +156,37 @@ def test_validate_an_expert_picked_twice_by_one_token():
     trace = make_trace(missing=())
     trace.experts[4, 2] = [5, 5]
     expect_input_error(trace.validate, "experts[row 4, layer 2]", "at most once")
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -0.5])
+def test_a_router_weight_that_is_not_a_finite_number_from_0_is_refused(tmp_path, weight):
+    """Issue 34: the Parquet reader took NaN, infinite and negative weights (the importers refused them)."""
+    trace = make_trace(missing=())
+    trace.weights[2, 1, 0] = weight
+    expect_input_error(trace.validate, "weights[row 2, layer 1]", "finite number >= 0")
+
+
+def test_a_decode_row_before_its_prompt_is_refused():
+    """Issue 34: the Parquet reader (which validates what it reads) took a request's decode row before its prefill
+    rows: the workload would replay a prompt token after the answer began."""
+    trace = make_trace(missing=())
+    trace.phase[1] = PHASE_DECODE  # rows 0..2 are request 0's prompt, rows 3..5 its decode steps
+    expect_input_error(trace.validate, "phase[row 2]", "request 0 has a decode row before it (row 1)")
+
+
+def test_one_position_twice_is_refused():
+    """Issue 34: the Parquet reader took two rows of one (request, position)."""
+    trace = make_trace(missing=())
+    trace.position[4] = 3
+    expect_input_error(trace.validate, "position[row 4]", "request 0 already has a token at this position (row 3)")
+
+
+def test_a_trace_of_only_missing_cells_is_refused_on_reading(tmp_path):
+    """Issue 34: a Parquet trace whose every (token, layer) cell is missing was read, and replayed as nothing."""
+    trace = make_trace(missing=[(r, layer) for r in range(6) for layer in range(3)], weights=False)
+    write_trace(trace, tmp_path / "m.parquet")
+    with pytest.raises(InputError, match="every \\(token, layer\\) cell is missing"):
+        read_trace(tmp_path / "m.parquet")
 
 
 def test_validate_id_out_of_range():

@@ -403,7 +403,8 @@ def test_within_layer_coactivation(preset):
     # p99 lift of the kept pairs 19-76 (median 30), lifts up to ~35-800
     _, s = measured(preset)
     w = s["coactivation"]["within_layer"]
-    if preset == "deepseek-v2-lite":  # its own trace's pairs (derived JSON), not mbolt's Qwen3 figures
+    # DeepSeek-V2-Lite (and its file): its own trace's pairs (derived JSON), not mbolt's Qwen3 figures
+    if preset.startswith("deepseek-v2-lite"):
         real = json.loads(V2_LITE_PATH.read_text())["coactivation"]
         assert w["share_lift_ge_1_5"] >= 0.6 * real["share_lift_ge_1_5"]
         assert w["kept_pairs_p99_median"] == pytest.approx(real["kept_pairs_p99_median"], rel=0.25)
@@ -508,3 +509,57 @@ def test_cli_trace_gen_takes_a_measured_reuse(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert read_trace(tmp_path / "t.parquet").header.generator["statistics"] == {"reuse_decode": 0.55}
     assert json.loads(proc.stdout)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(preset=st.sampled_from(["deepseek-v4-flash-q2-q4", "qwen3-30b-a3b", "mixtral-8x7b"]),
+       prompt=st.integers(0, 40), decode=st.integers(0, 12), requests=st.integers(1, 3), seed=st.integers(0, 2**40),
+       block_picks=st.integers(1, 4000))
+def test_rows_generated_block_by_block_are_the_trace_of_one_call(monkeypatch, preset, prompt, decode, requests, seed,
+                                                                 block_picks):
+    """Issue 34: a million-token prompt was generated in one kernel call, so a Ctrl-C waited a minute. The kernel
+    now returns to Python every block of rows (BLOCK_PICKS picks), carrying its state; any block size gives the
+    trace a single call over every row gives (the oracle: a block larger than the trace)."""
+    import sim.trace.generator_params as params
+
+    if prompt + decode == 0:
+        return
+    blocks = []
+    kernel = params._kernel_rows
+
+    def recorded(out, first, last, *rest):
+        blocks.append((first, last))
+        return kernel(out, first, last, *rest)
+
+    monkeypatch.setattr(params, "BLOCK_PICKS", 1 << 62)
+    whole = generate_trace(preset, prompt, decode, seed, requests).experts
+    monkeypatch.setattr(params, "BLOCK_PICKS", block_picks)
+    monkeypatch.setattr(params, "_kernel_rows", recorded)
+    blocked = generate_trace(preset, prompt, decode, seed, requests).experts
+    assert np.array_equal(whole, blocked)
+    rows = requests * (prompt + decode)
+    layers, k = whole.shape[1:]
+    assert [first for first, _ in blocks] == [0, *[last for _, last in blocks[:-1]]] and blocks[-1][1] == rows
+    assert all(last - first == 1 or (last - first) * layers * k <= block_picks for first, last in blocks)
+
+
+def test_a_stop_event_ends_a_generation_at_its_next_block(monkeypatch):
+    """Issue 34: Ctrl-C on a run of a million-token prompt waited for the worker threads generating its routing
+    (the pool's exit joins them). The run sets a stop event; a worker ends at its next block of rows."""
+    import threading
+
+    import sim.trace.generator_params as params
+
+    stop, calls = threading.Event(), []
+    kernel = params._kernel_rows
+
+    def then_stop(*args):
+        calls.append(args[1])
+        kernel(*args)
+        stop.set()  # another thread's Ctrl-C, arriving while the first block runs
+
+    monkeypatch.setattr(params, "BLOCK_PICKS", 1)  # a row per block
+    monkeypatch.setattr(params, "_kernel_rows", then_stop)
+    with pytest.raises(params.GenerationStopped, match="stopped at row 1 of 50"):
+        generate_trace("mixtral-8x7b", 40, 10, seed=2, stop=stop)
+    assert calls == [0]

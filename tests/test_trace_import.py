@@ -114,6 +114,18 @@ def test_csv_and_jsonl_agree():
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
 
 
+@pytest.mark.parametrize("name", ["generic.csv", "generic.jsonl", "vllm_raw_3layer.jsonl"])
+def test_a_byte_order_mark_is_read_past(tmp_path, name):
+    """Issue 34: a CSV saved with a UTF-8 byte-order mark (Excel's "CSV UTF-8") was refused as "missing column
+    'request'". The same cells as without it; the source hash is the file's own."""
+    with_mark = tmp_path / name
+    with_mark.write_bytes(b"\xef\xbb\xbf" + (FIXTURES / name).read_bytes())
+    a, b = import_trace(with_mark), import_trace(FIXTURES / name)
+    for field in ("request", "position", "phase", "experts", "weights"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert a.header.source_sha256 == hashlib.sha256(with_mark.read_bytes()).hexdigest()
+
+
 @pytest.mark.parametrize("name, fmt", [("vllm_raw_3layer.jsonl", "vllm-jsonl"), ("generic.jsonl", "jsonl"),
                                        ("generic.csv", "csv")])
 def test_explicit_format_matches_auto(name, fmt):
@@ -359,7 +371,9 @@ BAD = [
     ("duplicate-cell", "auto", v_with(3, (1, 0, "[3, 1]")), {}, [":4: token_idx", "duplicated", "first at line 3"]),
     ("negative-layer", "auto", v_with(1, (-1, 1, "[2, 3]")), {}, [":2: layer", "0.."]),
     ("huge-token", "auto", v_with(1, (0, 10**9, "[2, 3]")), {}, [":2: token_idx", "corrupt"]),
-    ("huge-layer", "auto", v_with(1, (10**7, 1, "[2, 3]")), {}, [":2: layer", "corrupt"]),
+    ("huge-layer", "auto", v_with(1, (10**7, 1, "[2, 3]")), {}, [":2: layer", "never recorded"]),
+    # issue 34: a CSV with layer=100000 was taken as a trace of 100,001 layers, all but two empty
+    ("layer-gap", "auto", v_with(1, (3, 1, "[2, 3]")), {}, [":2: layer = 3", "never recorded (2)"]),
     ("float-layer", "auto", v_with(1, ("1.0", 1, "[2, 3]")), {}, [":2: layer", "integer"]),
     ("raw-duplicate", "auto", R % (0, 0, "[1, 2]") + "\n" + R % (0, 1, "[1, 2]") + "\n" + R % (0, 1, "[2, 3]") + "\n",
      {}, [":3: token_pos", "duplicated", "first at line 2"]),
@@ -396,6 +410,11 @@ BAD = [
     ("csv-weight-nan", "csv", "request,position,phase,layer,e0,e1,w0,w1\n0,0,0,0,1,2,0.5,nan\n", {}, [":2: w1"]),
     ("csv-duplicate", "csv", CSV_HEAD + "0,0,0,0,1,2\n0,0,prefill,0,1,2\n", {}, [":3: layer", "duplicated"]),
     ("csv-header-only", "csv", CSV_HEAD, {}, ["no records"]),
+    # issue 34: decode rows before a request's prompt, and one position twice, were taken
+    ("csv-decode-before-prefill", "csv", CSV_HEAD + "0,1,decode,0,1,2\n0,0,prefill,0,1,2\n", {},
+     ["phase[row 1] = prefill", "decode row before it (row 0)"]),
+    ("csv-position-twice", "csv", CSV_HEAD + "0,0,prefill,0,1,2\n0,0,decode,0,1,2\n", {},
+     ["position[row 1] = 0", "already has a token at this position (row 0)"]),
     ("csv-blank-line", "csv", CSV_HEAD + "0,0,0,0,1,2\n   \n", {}, [":3: fields"]),
     # files and formats
     ("empty", "auto", "", {}, ["empty file"]),
@@ -431,7 +450,7 @@ def test_bad_input(tmp_path, fmt, content, kwargs, words):
 def test_missing_file_and_directory(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         import_trace(tmp_path / "absent.jsonl")
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(InputError, match="is a folder, not a trace file"):
         import_trace(tmp_path)
 
 
@@ -582,18 +601,22 @@ def test_fuzz_structured_csv(fuzz_dir, recs):
 
 @st.composite
 def valid_cells(draw):
-    """A valid generic trace as {(request, position, phase): {layer: ids}} plus the record order."""
+    """A valid generic trace as {(request, position, phase): {layer: ids}} plus the record order: each (request,
+    position) one token, a request's prompt tokens before its decode steps, every layer id 0..n_layers-1 recorded
+    somewhere (the first token records them all; the others any of them)."""
     n_layers, top_k = draw(st.integers(1, 4)), draw(st.integers(1, 3))
-    keys = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), st.integers(0, 1)),
-                         min_size=1, max_size=8, unique=True))
+    tokens = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), min_size=1, max_size=8, unique=True))
+    prompt_length = {req: draw(st.integers(0, 7)) for req in range(4)}
+    keys = [(req, pos, int(pos >= prompt_length[req])) for req, pos in tokens]
     records = []
-    for key in keys:
-        layers = draw(st.lists(st.integers(0, n_layers - 1), min_size=1, max_size=n_layers, unique=True))
+    for number, key in enumerate(keys):
+        layers = (range(n_layers) if number == 0 else
+                  draw(st.lists(st.integers(0, n_layers - 1), min_size=1, max_size=n_layers, unique=True)))
         for layer in layers:
             ids = draw(st.lists(st.integers(0, 9), min_size=top_k, max_size=top_k, unique=True))
             records.append((key, layer, ids))
     records = draw(st.permutations(records))
-    return records
+    return sorted(records, key=lambda record: record[0][2])  # stable: prefill records first, else in drawn order
 
 
 @fuzz(200)

@@ -98,7 +98,9 @@ def test_property_lru_equals_an_ordered_dict_at_every_size(seed, layers, request
     rng = np.random.default_rng(seed)
     n = 12 * requests
     ex = np.stack([np.stack([rng.choice(6, 2, replace=False) for _ in range(layers)]) for _ in range(n)])
-    t = make(ex, 6, request=np.repeat(np.arange(requests), 12), phase=rng.integers(0, 2, n))
+    prompt_rows = rng.integers(0, 13, requests)  # each request's prompt comes before its decode steps
+    phase = np.concatenate([np.arange(12) >= p for p in prompt_rows])
+    t = make(ex, 6, request=np.repeat(np.arange(requests), 12), phase=phase)
     slots = list(range(0, 6 * layers * keys + 2))
     got = lru_hit_rates(t, slots, LruProtocol(rows=rows, cold=cold, keys_per_expert=keys, pool=pool))["hit_rate"]
     want = [reference_lru(t, s, keys, rows, cold, pool) for s in slots]

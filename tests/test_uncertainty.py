@@ -70,6 +70,19 @@ def test_latin_hypercube_puts_one_sample_in_each_stratum(n, k, seed):
     assert np.array_equal(values, latin_hypercube(inputs, n, seed))  # a seed gives the same samples
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**31))
+def test_a_sampled_cpu_never_has_more_cores_than_threads(n, seed):
+    """Issue 34: a profile refuses more cores than threads; a generic box's two CPU estimates, each drawn over half
+    to twice its value, must still give CPUs that exist, and the sample's profile must load."""
+    profile = load_hardware("rtx-4090")  # 16 threads, 8 cores, both estimates
+    inputs = [Input("host.hardware_threads", 16, 8, 32, "test"), Input("host.physical_cores", 8, 4, 16, "test")]
+    values = latin_hypercube(inputs, n, seed)
+    assert (values[:, 1] <= values[:, 0]).all()
+    worst = values[np.argmin(values[:, 0] - values[:, 1])]
+    with_values(profile, {"host.hardware_threads": worst[0], "host.physical_cores": worst[1]})
+
+
 def test_with_values_changes_only_the_named_figures():
     profile = load_hardware("rtx-pro-6000-96gb")
     changed = with_values(profile, {"host.memcpy_gbps": 9.0, "ssd.read_gbps_by_queue_depth[*]": 0.5})

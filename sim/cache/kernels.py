@@ -44,7 +44,8 @@ def lru_state(n_keys: int, capacity: np.ndarray) -> dict:
         "node": node,
         "capacity": capacity.copy(),
         "count": np.zeros(n_pools, np.int64),
-        "key_of_slot": np.full((n_pools, max(int(capacity.max(initial=0)), 1)), -1, np.int32),
+        # a pool fills at most one slot per key: a larger capacity needs no more columns
+        "key_of_slot": np.full((n_pools, max(min(int(capacity.max(initial=0)), n_keys), 1)), -1, np.int32),
     }
 
 
@@ -205,8 +206,8 @@ def static_replay(experts, phase, resident, n_experts, counts):
 def lfu_replay(experts, phase, pool_of_layer, n_experts, prefill_mode, capacity, counts):
     rows, layers, top_k = experts.shape
     n_pools = capacity.shape[0]
-    max_cap = max(1, capacity.max())
     n_keys = layers * n_experts
+    max_cap = max(1, min(capacity.max(), n_keys))  # a pool fills at most one slot per key
     freq = np.zeros(n_keys, np.int64)
     last = np.full(n_keys, -1, np.int64)
     slot = np.full(n_keys, -1, np.int64)
@@ -364,8 +365,8 @@ def opt_replay(experts, phase, pool_of_layer, n_experts, capacity, nxt, bypass, 
     cached; without it the newcomer always displaces the resident needed last (libCacheSim's Belady)."""
     rows, layers, top_k = experts.shape
     n_pools = capacity.shape[0]
-    max_cap = max(1, capacity.max())
     n_keys = layers * n_experts
+    max_cap = max(1, min(capacity.max(), n_keys))  # a pool holds at most one entry per key
     prio = np.full(n_keys, -1, np.int64)  # next use of a resident key
     pos = np.full(n_keys, -1, np.int64)   # heap index of a resident key, -1 if not resident
     heap = np.full((n_pools, max_cap), -1, np.int64)

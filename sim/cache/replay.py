@@ -21,7 +21,7 @@ import pandas as pd
 from sim.cache import kernels
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVICT
 from sim.trace.mrc import stack_distance_histograms
-from sim.errors import InputError
+from sim.errors import InputError, require_regular_file
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_NAMES, Trace
 
 POLICIES = ("lru", "lfu", "opt", "static", "ds4-slab")
@@ -85,6 +85,11 @@ class Geometry:
         return np.bincount(self.pools(scope), minlength=1).astype(np.int64) * self.n_experts
 
 
+# The kernels number slots with uint32 (kernels.NOT_RESIDENT is the largest); a pool never holds more experts than
+# it has keys, so a larger count changes nothing but would not fit them.
+MAX_SLOTS = 2**31 - 1
+
+
 def parse_slots(text: str | int | list, n: int, field_name: str) -> np.ndarray:
     """One count for every pool, or exactly n comma-separated counts."""
     if isinstance(text, (int, np.integer)):
@@ -100,8 +105,8 @@ def parse_slots(text: str | int | list, n: int, field_name: str) -> np.ndarray:
         values = values * n
     if len(values) != n:
         raise InputError("cache", field_name, text, f"expected 1 or {n} values")
-    if min(values) < 0:
-        raise InputError("cache", field_name, text, "slot counts must be >= 0")
+    if min(values) < 0 or max(values) > MAX_SLOTS:
+        raise InputError("cache", field_name, text, f"slot counts must be 0 to {MAX_SLOTS:,}")
     return np.array(values, np.int64)
 
 
@@ -139,8 +144,9 @@ class LRUCache:
         s = self.state
         if s["count"][pool]:
             raise ValueError(f"pool {pool} holds {s['count'][pool]} experts: flush it before resizing")
-        if slots > s["key_of_slot"].shape[1]:
-            grown = np.full((len(s["capacity"]), slots), -1, np.int32)
+        columns = min(slots, self.n_keys)  # a pool fills at most one slot per key
+        if columns > s["key_of_slot"].shape[1]:
+            grown = np.full((len(s["capacity"]), columns), -1, np.int32)
             grown[:, : s["key_of_slot"].shape[1]] = s["key_of_slot"]
             s["key_of_slot"] = grown
         s["capacity"][pool] = slots
@@ -165,6 +171,25 @@ class LRUCache:
                         *self._arrays(), counts, outcome, slot, victim)
         return outcome, slot, victim
 
+    def access_steps(self, layers: np.ndarray, experts: np.ndarray, pool_of_layer: np.ndarray,
+                     mode: int = MODE_EVICT) -> tuple[np.ndarray, np.ndarray]:
+        """Several layer steps in one kernel call, in order: step i accesses experts[i] of layers[i] in pool
+        pool_of_layer[layers[i]], as `access` would one step after another (an engine whose pools stay as they
+        are for those steps). Returns the outcome per access [steps, k] and per step the count of each outcome
+        [steps, 4] (HIT, INSERT, EVICT, DIRECT)."""
+        experts = np.ascontiguousarray(experts, np.uint16)
+        n_steps, k = experts.shape
+        outcome = np.empty(n_steps * k, np.int8)
+        slot = np.empty(n_steps * k, np.int32)
+        victim = np.empty(n_steps * k, np.int64)
+        counts = np.zeros((len(pool_of_layer), 2, 4), np.int64)
+        phase = np.full(1, 0 if mode == MODE_APPEND else 1, np.uint8)
+        kernels.lru_run(experts.reshape(1, n_steps, k), phase, np.ascontiguousarray(layers, np.int64),
+                        np.ascontiguousarray(pool_of_layer, np.int64), self.n_experts, mode, *self._arrays(),
+                        counts, outcome, slot, victim)
+        outcome = outcome.reshape(n_steps, k)
+        return outcome, (outcome[:, :, None] == np.arange(4, dtype=np.int8)).sum(axis=1)
+
     def _arrays(self) -> tuple:
         s = self.state
         return s["node"], s["capacity"], s["count"], s["key_of_slot"]
@@ -179,6 +204,7 @@ class LRUCache:
 def read_profile(path: str | Path, geometry: Geometry) -> np.ndarray:
     """A ranked (layer, expert) list, CSV with columns rank, layer, expert (ds4's hotlist order)."""
     where = str(path)
+    require_regular_file(where, where, "a profile (CSV) file")
     try:
         frame = pd.read_csv(where)
     except FileNotFoundError:

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from sim.cli.common import app, print_json, show, table
+from sim.cli.common import app, flag, print_json, show, table
 from sim.cli.inputs import layout_for
 from sim.errors import InputError
 from sim.units import GIB
@@ -16,6 +16,20 @@ from sim.units import GIB
 
 def _gib(n_bytes) -> float:
     return float(n_bytes) / GIB
+
+
+# The columns that count bytes: without a model's expert sizes there are none to count (each expert would be
+# counted as 1 byte), so they are left empty and the output says why.
+BYTE_COLUMNS = ("load_bytes", "load_gib", "hit_bytes", "expert_bytes", "bytes", "miss_bytes")
+
+
+def _unsized_note(trace_model: str) -> str:
+    return (f"bytes not counted: the trace's model '{trace_model}' is not a preset, so its expert sizes are "
+            "unknown; --model NAME (or a .gguf) gives them")
+
+
+def _without_bytes(records: list[dict]) -> list[dict]:
+    return [{k: (None if k in BYTE_COLUMNS else v) for k, v in r.items()} for r in records]
 
 
 @app.command()
@@ -28,20 +42,22 @@ def cache(
     prefill_mode: str = typer.Option("evict", help="evict | append (hit, fill free slots, else load direct)"),
     model: Optional[str] = typer.Option(None, help="model preset or .gguf giving expert sizes and classes"),
     profile: Optional[Path] = typer.Option(None, help="ranked rank,layer,expert CSV for --policy static"),
-    mrc: bool = typer.Option(False, "--mrc", help="print the exact LRU miss-ratio curve (one pass)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    mrc: bool = flag("--mrc", help="print the exact LRU miss-ratio curve (one pass)"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Replay a trace through an expert cache: hit rate, misses, direct loads and bytes."""
     from sim.cache.replay import Geometry, capacity_pools, lru_mrc, mrc_exact, parse_slots, read_profile, replay
     from sim.trace.format import read_trace
 
     trace = read_trace(trace_path)
-    geometry = Geometry.of(trace, layout_for(model, trace.header.model), str(trace_path))
+    layout = layout_for(model, trace.header.model)
+    geometry = Geometry.of(trace, layout, str(trace_path))
+    unsized = None if layout is not None else _unsized_note(trace.header.model)
     if mrc:
         if not mrc_exact(policy, prefill_mode):
             raise InputError("cache", "--mrc", f"{policy}/{prefill_mode}",
                              "the one-pass curve is exact for an evicting LRU only")
-        _print_mrc(lru_mrc(trace, geometry, scope), trace, as_json)
+        _print_mrc(lru_mrc(trace, geometry, scope), trace, as_json, unsized)
         return
     scope, pool_keys = capacity_pools(geometry, policy, scope)
     if (slots_per_layer is None) == (slots is None):
@@ -57,22 +73,30 @@ def cache(
     result = replay(trace, geometry, policy, scope, capacity, prefill_mode, ranking)
     summary = result.summary()
     summary["load_gib"] = _gib(summary["load_bytes"])
-    tables = {"per_phase": result.per_phase(), "per_class": result.per_class(), "per_layer": result.per_layer()}
+    tables = {name: frame.to_dict(orient="records") for name, frame in
+              (("per_phase", result.per_phase()), ("per_class", result.per_class()), ("per_layer", result.per_layer()))}
+    if unsized:
+        summary = _without_bytes([summary])[0]
+        tables = {name: _without_bytes(rows) for name, rows in tables.items()}
     if as_json:
-        print_json({"summary": summary, **{k: v.to_dict(orient="records") for k, v in tables.items()}})
+        print_json({"summary": summary, **tables, **({"bytes": unsized} if unsized else {})})
         return
     shown = {k: v for k, v in summary.items() if k not in ("trace_sha256",)}
     show(table(f"{trace_path}: {policy}, scope {scope}",
                [{"key": k, "value": v} for k, v in shown.items()], ["key", "value"]))
-    for name, frame in tables.items():
-        show(table(name.replace("_", " "), frame.to_dict(orient="records")))
+    for name, rows in tables.items():
+        show(table(name.replace("_", " "), rows))
+    if unsized:
+        typer.echo(unsized, err=True)
 
 
-def _print_mrc(curve, trace, as_json: bool) -> None:
+def _print_mrc(curve, trace, as_json: bool, unsized: str | None) -> None:
     frame = curve.curve()
+    if unsized:
+        frame[[c for c in BYTE_COLUMNS if c in frame.columns]] = None
     if as_json:
         print_json({"scope": curve.scope, "trace_sha256": trace.sha256(),
-                   "curve": {c: frame[c].tolist() for c in frame.columns}})
+                    "curve": {c: frame[c].tolist() for c in frame.columns}, **({"bytes": unsized} if unsized else {})})
         return
     rows = []
     for c, part in frame.groupby("class"):
@@ -80,3 +104,5 @@ def _print_mrc(curve, trace, as_json: bool) -> None:
         picks = np.unique(np.geomspace(1, len(part) - 1, 16).astype(int)) if len(part) > 2 else np.arange(len(part))
         rows += part.iloc[picks].to_dict(orient="records")
     show(table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows))
+    if unsized:
+        typer.echo(unsized, err=True)

@@ -28,8 +28,20 @@ app.add_typer(scenario_app, name="scenario")
 _NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?")
 PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut, one line per row for grep and awk
 EXIT_BAD_INPUT = 2
+# The ranges of the command line's counts, given to typer as min/max (a value outside is a usage error naming the
+# option and its range; a huge one overflowed a C integer with a traceback). Seeds: numpy's and the generator's
+# 64-bit state (sim.trace.generate refuses 2**63 and up). Workers: the most CPUs Linux runs (sim.hardware.MAX_CPUS).
+# Samples: --uncertainty runs the scenario once per sample, so 100,000 is days of CPU already.
+MAX_SEED = 2**63 - 1
+MAX_WORKERS = 8_192
+MAX_SAMPLES = 100_000
 EXIT_POINTS_FAILED = 1  # a sweep that ran but where points failed: not bad input (2), not success
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
+
+
+def flag(*names: str, help: str, default: bool = False, **options):
+    """An on/off option. Its metavar is empty: typer 0.29's help shows a flag's type, "<bool>", as if it took a
+    value (a flag takes none; earlier typers showed nothing there, as this does)."""
+    return typer.Option(default, *names, help=help, metavar="", **options)
 
 
 def _version(value: bool) -> None:
@@ -41,13 +53,13 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                          help="print the version and exit")) -> None:
+def _options(version: bool = flag("--version", callback=_version, is_eager=True,
+                                  help="print the version and exit")) -> None:
     """Simulate MoE expert caches (SSD, RAM, GPU) of local LLM inference engines."""
 
 
 def force_option():
-    return typer.Option(False, "--force", help="replace output files that already exist")
+    return flag("--force", help="replace output files that already exist")
 
 
 def print_json(payload) -> None:

@@ -11,8 +11,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from sim.cli.common import (EXIT_INTERRUPTED, EXIT_POINTS_FAILED, app, force_option, format_cell, print_json, show,
-                            table)
+from sim.cli.common import (EXIT_POINTS_FAILED, MAX_SAMPLES, MAX_SEED, MAX_WORKERS, app, flag, force_option,
+                            format_cell, print_json, show, table)
 from sim.cli.signals import Interrupted
 from sim.engines import ENGINES
 from sim.outputs import claim_file, claim_folder
@@ -38,12 +38,13 @@ def sweep(
     grid: list[str] = typer.Option(..., "--grid", help="KEY=v1,v2,... or KEY=start:stop:step (stop included); "
                                                          "KEY a dotted scenario key, e.g. engine.flags.prefill-chunk"),
     output: Path = typer.Option(..., "-o", "--output", help="results folder (Parquet, one file per point)"),
-    resume: bool = typer.Option(False, "--resume", help="continue a sweep in OUTPUT: skip the finished points"),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="with --resume: compute the failed points again"),
+    resume: bool = flag("--resume", help="continue a sweep in OUTPUT: skip the finished points"),
+    retry_failed: bool = flag("--retry-failed", help="with --resume: compute the failed points again"),
     executor: str = typer.Option("processes", help="processes (local) or dask"),
     scheduler: Optional[str] = typer.Option(None, help="Dask scheduler address (default: a LocalCluster)"),
-    workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    workers: Optional[int] = typer.Option(None, min=1, max=MAX_WORKERS,
+                                          help="worker processes (default: the CPU count)"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Run a scenario over a grid of settings; each point's headline metrics go to a Parquet dataset."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
@@ -71,11 +72,11 @@ def sweep(
                     bar.update(task, completed=finished, total=total)
 
                 result = run_sweep(points, output, progress=advance, **options)
-    except Interrupted:
+    except Interrupted as interrupt:
         saved = len(read_points(output)[0]) if points else 0
         typer.echo(f"expertsim: interrupted: {saved} of {total} points are saved in {output}; continue with: "
                    f"{_command_again('--resume')}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(interrupt.exit_code)
     frame = result.points_frame()
     order = {p.point_id: i for i, p in reversed(list(enumerate(points)))}
     frame = frame[frame["point_id"].isin(order)].sort_values("point_id", key=lambda ids: ids.map(order))
@@ -119,8 +120,8 @@ def plan(
                                             f"minimise (default: {DEFAULT_OBJECTIVES})"),
     constraint: list[str] = typer.Option([], "--constraint", help="METRIC OP NUMBER, e.g. vram_free_mib>=2048"),
     grid: list[str] = typer.Option([], "--grid", help="KEY=v1,v2,... candidates in place of the defaults"),
-    workers: int = typer.Option(1, help="processes to run the candidates on"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    workers: int = typer.Option(1, min=1, max=MAX_WORKERS, help="processes to run the candidates on"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Recommend an engine's cache, reserve, prefill and buffer settings for a scenario, with the numbers why."""
     from sim.explore.plan import NoFeasiblePlan, make_plan
@@ -151,13 +152,14 @@ def validate(
     case: list[str] = typer.Option([], "--case", help="a case id (scenarios/validation/ID.toml); repeat for more; "
                                    "default: every case"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for validation.json and .parquet"),
-    workers: Optional[int] = typer.Option(None, help="worker processes (default: the CPU count)"),
-    uncertainty: int = typer.Option(0, "--uncertainty", min=0, metavar="N",
+    workers: Optional[int] = typer.Option(None, min=1, max=MAX_WORKERS,
+                                          help="worker processes (default: the CPU count)"),
+    uncertainty: int = typer.Option(0, "--uncertainty", min=0, max=MAX_SAMPLES, metavar="N",
                                     help="also run N Latin-hypercube samples of every arm's estimated inputs: "
                                          "each figure's p10-p90 band, and for a ratio what moves its effect"),
-    seed: int = typer.Option(0, "--seed", help="the samples' seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="the samples' seed"),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print the record as JSON only"),
+    as_json: bool = flag("--json", help="print the record as JSON only"),
 ):
     """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
     from sim.explore.validate import (REPLAY_SPREAD_FILE, drivers_text, effect_text, error_text, load_cases,
@@ -216,7 +218,7 @@ def report(
     plotly_js: PlotlyJs = typer.Option(
         PlotlyJs.inline, "--plotly-js", help="inline: plotly.js in the page (about 4.8 MB, works offline); "
                                       "cdn: a <script src> to plotly's CDN (small, needs the network)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """One HTML report (plotly; self-contained and offline unless --plotly-js cdn) of a run or sweep results
     folder."""

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import force_option, hardware_app, model_app, print_json, scenario_app, show, table
+from sim.cli.common import flag, force_option, hardware_app, model_app, print_json, scenario_app, show, table
 from sim.engines import ENGINES
 from sim.errors import InputError
 from sim.outputs import claim_file
@@ -17,7 +17,7 @@ ENGINE_NAMES = tuple(ENGINES)
 
 
 @hardware_app.command("list")
-def hardware_list(as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+def hardware_list(as_json: bool = flag("--json", help="print JSON only")):
     """Every hardware profile a scenario can name from here (./hardware, ./scenarios/hardware, upward, then
     expertsim's own)."""
     from sim.hardware import find_profiles, load_hardware_file, profile_summary
@@ -38,7 +38,7 @@ def hardware_list(as_json: bool = typer.Option(False, "--json", help="print JSON
 
 @hardware_app.command("show")
 def hardware_show(profile: str = typer.Argument(..., metavar="PROFILE", help="a profile name or a .toml path"),
-                  as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+                  as_json: bool = flag("--json", help="print JSON only")):
     """One profile's figures, each with its unit and source (and its range where it is an estimate)."""
     from sim.hardware import load_hardware, profile_figures, profile_summary
 
@@ -60,7 +60,7 @@ def hardware_init(
                                             "has it); its source then says it is your what-if; repeat for more"),
     name: Optional[str] = typer.Option(None, "--name", help="the copy's name (default: the output file's name)"),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """A copy of a hardware profile with fields changed, its comments kept and its calibration path rebased."""
     from sim.scaffold import write_hardware
@@ -88,9 +88,29 @@ def layout_for(model: Optional[str], trace_model: str):
     return get_preset(model)
 
 
+@model_app.command("list")
+def model_list(as_json: bool = flag("--json", help="print JSON only")):
+    """Every model preset a scenario can name (a .gguf file can be named too): its geometry and expert bytes."""
+    from sim.model.presets import PRESETS, preset_names
+
+    rows = []
+    for name in preset_names():
+        d = PRESETS[name].describe()
+        rows.append({"name": name, "layers": d["routed_layers"], "mtp_layers": d["mtp_layers"],
+                     "experts": d["experts_per_layer"], "top_k": d["top_k"], "classes": len(d["size_classes"]),
+                     "expert_gib": round(d["total_expert_gib"], 1)})
+    if as_json:
+        print_json(rows)
+        return
+    # 80 columns: the MTP layers are in `model show`
+    show(table("model presets (GiB: all routed experts; model show NAME: more)",
+               [{**row, "GiB": row["expert_gib"]} for row in rows], ["name", "layers", "experts", "top_k", "classes",
+                                                                      "GiB"]))
+
+
 @model_app.command("show")
 def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model preset name or a .gguf file"),
-               as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+               as_json: bool = flag("--json", help="print JSON only")):
     """A model's routed-expert layout: layers, experts, top-k, and per size class the bytes of one expert."""
     layout = layout_for(model, "")
     described = layout.describe()
@@ -119,7 +139,7 @@ def scenario_init(
                                             "engine.flags.prefill-chunk=4096); repeat for more"),
     output: Path = typer.Option(..., "-o", "--output", help="scenario TOML to write"),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Write a commented starting scenario for a model on a machine: the engine's defaults, each line explained."""
     from sim.scaffold import write_scenario
@@ -137,6 +157,8 @@ def scenario_init(
             {"key": "trace", "value": trace.get("path") or f"generator {trace['generator']}, seed {trace['seed']}"},
             {"key": "workload", "value": f"{prompt_tokens:,} prompt tokens, {decode_tokens:,} tokens of answer"},
             *({"key": "--set", "value": f"{k} = {v}"} for k, v in written["settings"].items()),
+            *({"key": "changed", "value": f"{k} = {v['value']}: {v['why']}"}
+              for k, v in written["room_for_a_cache"].items()),
             {"key": "next", "value": f"expertsim run {written['path']} -o OUT"}]
     show(table(f"scenario written: {written['path']}", rows, ["key", "value"]))
     if written["warning"]:

@@ -7,18 +7,18 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import app, force_option, print_json, show, table
+from sim.cli.common import app, flag, force_option, print_json, show, table
 from sim.outputs import claim_file
 
 
 @app.command()
 def bench(
     tokens: int = typer.Option(100_000, help="decode tokens of the benchmark trace"),
-    quick: bool = typer.Option(False, "--quick", help="the cache core and the seed scenarios only (under a minute)"),
-    sweeps: bool = typer.Option(False, "--sweeps", help="also the 1,000-point sweep and the worker speed-up (minutes)"),
+    quick: bool = flag("--quick", help="the cache core and the seed scenarios only (under a minute)"),
+    sweeps: bool = flag("--sweeps", help="also the 1,000-point sweep and the worker speed-up (minutes)"),
     scenario: Optional[list[Path]] = typer.Option(None, "--scenario", metavar="FILE",
                                                   help="time this scenario file instead of the seeds (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Speed and memory of the cache core against the targets (rows: name, value, unit, target)."""
     from sim.explore.bench import run_bench
@@ -50,9 +50,9 @@ def calibrate(
                                                      "of each step, their median compared (default 3)"),
     seed: int = typer.Option(0, help="random seed (slots, data, order)"),
     max_steps: Optional[int] = typer.Option(None, help="--replay: at most this many steps, evenly spaced"),
-    tune: bool = typer.Option(True, "--tune/--no-tune", help="tune the gather kernel's launch shape first"),
+    tune: bool = flag("--tune/--no-tune", default=True, help="tune the gather kernel's launch shape first"),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Measure copy costs on this GPU (D2D, H2D pinned/mapped, D2H; per-call latency, sync) and fit the model."""
     from sim.calibrate import api

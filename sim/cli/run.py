@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import app, force_option, format_cell, print_json, show, table
+from sim.cli.common import (MAX_SAMPLES, MAX_SEED, MAX_WORKERS, app, flag, force_option, format_cell,
+                            print_json, show, table)
 from sim.engines import ENGINES
 from sim.errors import InputError
 from sim.outputs import claim_file, claim_folder
@@ -17,14 +18,15 @@ from sim.outputs import claim_file, claim_folder
 def run(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for summary, steps and copy plan"),
-    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON only"),
+    as_json: bool = flag("--json", help="print the summary as JSON only"),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
                                             help="write the run's timeline as a Chrome/Perfetto trace (JSON)"),
-    uncertainty: int = typer.Option(0, "--uncertainty", min=0, metavar="N",
+    uncertainty: int = typer.Option(0, "--uncertainty", min=0, max=MAX_SAMPLES, metavar="N",
                                     help="also run N Latin-hypercube samples of the profile's estimated inputs: "
                                          "p10/median/p90 of each metric and which input moves it most"),
-    seed: int = typer.Option(0, "--seed", help="the samples' seed"),
-    workers: Optional[int] = typer.Option(None, help="worker processes for --uncertainty (default: the CPU count)"),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="the samples' seed"),
+    workers: Optional[int] = typer.Option(None, min=1, max=MAX_WORKERS,
+                                          help="worker processes for --uncertainty (default: the CPU count)"),
     settings: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
                                        help="change one scenario setting for this run (a dotted key as in sweep's "
                                             "--grid, e.g. engine.flags.prefill-chunk=4096); repeat for more"),
@@ -105,7 +107,7 @@ def _uncertainty(scenario_path: Path, scenario, n: int, seed: int, workers: Opti
 
 
 @app.command()
-def demo(as_json: bool = typer.Option(False, "--json", help="print JSON only")):
+def demo(as_json: bool = flag("--json", help="print JSON only")):
     """ds4 PR #504 in miniature: one slab vs per-size-class caches on the mixed q2/q4 DeepSeek-V4-Flash."""
     from sim.explore.demo import run_demo
 

@@ -1,4 +1,5 @@
-"""`expertsim trace import | gen | record | stats`: routing traces in, and their statistics."""
+"""`expertsim trace import | gen | record | stats | locality | hotlist | check-generator`: routing traces in, their
+statistics, and the popularity list a profiling run gives."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import force_option, print_json, show, table, trace_app
+from sim.cli.common import flag, force_option, print_json, show, table, trace_app
 from sim.errors import InputError
 from sim.outputs import claim_file
 
@@ -28,11 +29,11 @@ def _trace_summary(trace, output: Path) -> dict:
             "missing_cells": int(trace.missing_cells().sum()), "sha256": trace.sha256()}
 
 
-def _report_written(summary: dict, as_json: bool) -> None:
+def _report_written(summary: dict, as_json: bool, title: str = "trace written") -> None:
     if as_json:
         print_json(summary)
     else:
-        show(table("trace written", [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
+        show(table(title, [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
 
 
 @trace_app.command("import")
@@ -43,7 +44,7 @@ def trace_import(
     n_experts: Optional[int] = typer.Option(None, help="experts per layer (default: from --model, else max id + 1)"),
     model: Optional[str] = typer.Option(None, help="model preset name the trace belongs to"),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Convert a routing log into an expertsim trace."""
     from sim.trace.importers import import_trace
@@ -69,7 +70,7 @@ def trace_gen(
     entropy: Optional[float] = typer.Option(None, "--entropy", help="normalized popularity entropy of the middle "
                                             "layers (1 = uniform), for presets with a generic popularity"),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Generate a synthetic trace that reproduces measured routing statistics (the preset's, or yours)."""
     from sim.trace.generate import generate_trace
@@ -92,7 +93,7 @@ def trace_record(
     seed: int = typer.Option(0),
     requests: int = typer.Option(1),
     force: bool = force_option(),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Record router top-k per layer from a transformers MoE model (needs expertsim[record])."""
     from sim.trace.record import record_trace
@@ -107,7 +108,7 @@ def trace_record(
 @trace_app.command("stats")
 def trace_stats_cmd(
     trace_path: Path = typer.Argument(..., metavar="TRACE"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Routing statistics: reuse per layer, entropy, skew, prefill unions, co-activation."""
     from sim.trace.format import read_trace
@@ -126,6 +127,33 @@ def trace_stats_cmd(
         show(table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))
 
 
+@trace_app.command("hotlist")
+def trace_hotlist_cmd(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="a profiling run's trace"),
+    output: Path = typer.Option(..., "-o", "--output", help="rank,layer,expert CSV to write"),
+    force: bool = force_option(),
+    as_json: bool = flag("--json", help="print JSON only"),
+):
+    """A popularity-ordered (layer, expert) list in ds4's hotlist format, from a profiling run's trace: for
+    DS4_METAL_STREAMING_EXPERT_HOTLIST and `cache --policy static --profile`."""
+    import pandas as pd
+
+    from sim.cache.replay import trace_profile
+    from sim.trace.format import read_trace
+
+    claim_file(output, force, "--output")
+    trace = read_trace(trace_path)
+    keys = trace_profile(trace)
+    layer, expert = keys // trace.header.n_experts, keys % trace.header.n_experts
+    try:
+        pd.DataFrame({"rank": range(len(keys)), "layer": layer, "expert": expert}).to_csv(output, index=False)
+    except OSError as exc:
+        raise InputError(str(output), "output", str(output), f"cannot write: {exc.strerror}") from None
+    summary = {"output": str(output), "pairs": len(keys), "of": trace.header.n_layers * trace.header.n_experts,
+               "tokens": trace.n_rows, "trace_sha256": trace.sha256()}
+    _report_written(summary, as_json, "hotlist written")
+
+
 def _ints(text: str, option: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -141,11 +169,11 @@ def trace_locality_cmd(
     rows: str = typer.Option("all", help="rows replayed: all | decode | prefill"),
     cold: str = typer.Option("trace", help="trace: one cold start, requests one after another; request: the "
                              "cache is cleared at every request"),
-    keys_per_expert: int = typer.Option(1, help="cache keys one expert takes (3 where gate, up and down are "
-                                        "cached apart in one slot budget)"),
+    keys_per_expert: int = typer.Option(1, min=1, max=3, help="cache keys one expert takes (3 where gate, up and "
+                                        "down are cached apart in one slot budget)"),
     pool: str = typer.Option("layer", help="layer: a cache per layer; shared: one cache over all layers"),
     within: str = typer.Option("1,2,4,8,16,32,64", help="token distances d of 'reused within d tokens'"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """Locality as expert-cache studies measure it: LRU hit rates under a protocol, reuse within d tokens,
     and the routed mass of the hottest (layer, expert) pairs."""
@@ -174,7 +202,7 @@ def trace_locality_cmd(
 @trace_app.command("check-generator")
 def trace_check_generator(
     preset: str = typer.Option(..., help="generator preset"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON only"),
+    as_json: bool = flag("--json", help="print JSON only"),
 ):
     """The preset's generated routing against the published locality figures it was fitted to or is checked
     against (each re-measured on traces generated the way the study ran its model)."""

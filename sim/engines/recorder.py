@@ -17,24 +17,32 @@ STEP_COLUMNS = (
     "lent_slots", "vram_used_bytes", "ram_used_bytes",
 )
 
+_EMPTY_STEP = dict.fromkeys(STEP_COLUMNS, 0)
+
 COPY_COLUMNS = ("step_id", "kind", "count", "bytes_each", "src", "dst")
 
 
 @dataclass
 class Recorder:
-    """Buffers per-step rows and copy-plan rows in plain lists; frames are built once at the end."""
+    """Buffers per-step rows and copy-plan rows in plain lists; frames are built once at the end. Without
+    `copy_plan` the copy rows are not kept: no figure of a run's summary reads them, only its copy_plan.parquet and
+    `expertsim calibrate --replay` (a sweep point asks for the summary alone)."""
 
     steps: list = field(default_factory=list)
     copies: list = field(default_factory=list)
+    copy_plan: bool = True
 
     def step(self, **row) -> int:
-        get = row.get
-        self.steps.append(tuple([get(c, 0) for c in STEP_COLUMNS]))
+        """A step's row: the columns it names, 0 for the others (a name outside STEP_COLUMNS is an error)."""
+        values = {**_EMPTY_STEP, **row}
+        if len(values) != len(STEP_COLUMNS):
+            raise ValueError(f"not step columns: {sorted(set(row) - set(STEP_COLUMNS))}")
+        self.steps.append(tuple(values.values()))  # in STEP_COLUMNS order: the keys keep their first position
         return len(self.steps) - 1
 
     def copy(self, step_id: int, kind: str, count: int, bytes_each: int, src: str = "", dst: str = "") -> None:
         """Copies of one step: `count` copies of `bytes_each` bytes from src to dst (slab slot, staging...)."""
-        if count:
+        if count and self.copy_plan:
             self.copies.append((step_id, kind, int(count), int(bytes_each), src, dst))
 
     def step_frame(self) -> pd.DataFrame:

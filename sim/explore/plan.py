@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,7 +146,8 @@ class Candidate:
 def _run_all(points: list, workers: int) -> list[dict]:
     """The candidates' rows, in the order of `points`, from the experiment runner."""
     executor = "inline" if workers <= 1 or len(points) <= 1 else "processes"
-    rows = {p.point_id: row for p, row in run_points(points, executor, min(workers, max(len(points), 1)))}
+    with closing(run_points(points, executor, min(workers, max(len(points), 1)))) as finished:
+        rows = {p.point_id: row for p, row in finished}
     return [rows[p.point_id] for p in points]
 
 

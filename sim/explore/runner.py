@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -196,7 +197,7 @@ def evaluate(point: Point) -> dict:
     try:
         profile_values, record_values = split_values(point.profile_values or {})
         scenario = load_scenario_data(point.scenario_path, point.data, profile_values)
-        summary = run_scenario(scenario, record_values or None).summary
+        summary = run_scenario(scenario, record_values or None, copy_plan=False).summary  # a row needs no copy plan
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
         return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
     notices = list(dict.fromkeys(summary.get("notices", [])))
@@ -425,13 +426,18 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
                scheduler: str | None = None, mrc: bool = True,
                share_routing: bool = False) -> Iterator[tuple[Point, dict]]:
     """Evaluate the points, yielding (point, row) as each finishes (in task order with "inline"). Points that do
-    not load yield their error row without running. `share_routing`: see `plan_tasks`."""
+    not load yield their error row without running. `share_routing`: see `plan_tasks`. A caller that may stop
+    reading early (Ctrl-C) closes the iterator (`with contextlib.closing(run_points(...))`): that stops the
+    workers then, not at the interpreter's exit."""
     import os
 
     if executor not in EXECUTORS:
         raise InputError("--executor", "executor", executor, f"must be one of: {', '.join(EXECUTORS[1:])}")
     if workers is not None and workers < 1:
         raise InputError("--workers", "workers", workers, "must be >= 1")
+    if scheduler is not None and executor != "dask":
+        raise InputError("--scheduler", "scheduler", scheduler, f"needs --executor dask (the {executor} executor "
+                                                                "has no scheduler: the points would run here)")
     runnable = []
     for p in points:
         if p.error is not None:
@@ -453,12 +459,15 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
         stream = _local(tasks, workers)
     else:
         stream = _dask(tasks, workers, scheduler)
-    for task, result in stream:
-        if isinstance(result, BaseException):
-            rows = [_row(p, {}, f"worker failed: {one_line(result)}", task.method, None) for p in task.points]
-        else:
-            rows = task.rows(result)
-        yield from zip(task.points, rows)
+    # Closed here, not whenever the garbage collector gets to it: a stream left open at exit (a Ctrl-C between
+    # two points) stops its pool at the interpreter's shutdown, racing concurrent.futures' own exit hook.
+    with closing(stream):
+        for task, result in stream:
+            if isinstance(result, BaseException):
+                rows = [_row(p, {}, f"worker failed: {one_line(result)}", task.method, None) for p in task.points]
+            else:
+                rows = task.rows(result)
+            yield from zip(task.points, rows)
 
 
 __all__ = [

@@ -33,6 +33,7 @@ import os
 import tomllib
 import types
 import typing
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -106,6 +107,8 @@ def _range(spec: str, text: str, where: str, key: str) -> list | None:
     start, stop, step = (_number(p) for p in parts)
     if start is None or stop is None or step is None:
         return None
+    if not all(math.isfinite(v) for v in (start, stop, step)):
+        raise InputError(where, key, text, "start:stop:step needs finite numbers")
     if step == 0 or (stop - start) * step < 0:
         raise InputError(where, key, text, "start:stop:step needs a step that goes from start towards stop")
     count = int(math.floor((stop - start) / step + 1e-9)) + 1
@@ -141,6 +144,8 @@ def parse_grid(spec: str, data: dict, where: str = "--grid",
         values = []
         for token in tokens:
             value = _scalar(token)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InputError(where, key, token, "a number must be finite")
             values.append(value if isinstance(value, str) or not as_text else token)
     unique = []
     for v in values:
@@ -378,8 +383,9 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
         if progress is not None:
             progress(row, finished, len(seen))
 
-    for point, row in run_points(todo, executor, workers, scheduler, mrc):
-        record(point, row)
+    with closing(run_points(todo, executor, workers, scheduler, mrc)) as finished_points:
+        for point, row in finished_points:
+            record(point, row)
     return result
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,6 +146,12 @@ def latin_hypercube(inputs: list[Input], n: int, seed: int = 0) -> np.ndarray:
     for j, inp in enumerate(inputs):
         if inp.path in INTEGER_INPUTS:
             values[:, j] = np.maximum(1, np.round(values[:, j]))
+    paths = [inp.path for inp in inputs]
+    if "host.physical_cores" in paths and "host.hardware_threads" in paths:
+        # both estimated from one assumed CPU, drawn apart: a sample never has more cores than threads (a profile
+        # refuses that CPU), so its cores are capped at its threads
+        cores, threads = paths.index("host.physical_cores"), paths.index("host.hardware_threads")
+        values[:, cores] = np.minimum(values[:, cores], values[:, threads])
     return values
 
 
@@ -186,7 +193,8 @@ def propagate(point, scenario, n: int, seed: int = 0, metrics: tuple[str, ...] |
     values = latin_hypercube(inputs, n, seed)
     samples = sample_points(point, inputs, values)
     extremes = swing_points(point, inputs) if swings else []
-    rows = {p.point_id: row for p, row in run_points(samples + extremes, executor, workers, share_routing=True)}
+    with closing(run_points(samples + extremes, executor, workers, share_routing=True)) as finished:
+        rows = {p.point_id: row for p, row in finished}
     sampled = [rows[p.point_id] for p in samples]
     bands = {m: quantiles([r.get(m) for r in sampled]) for m in metrics}
     table = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from contextlib import closing
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -273,7 +274,8 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
     if points:
         # the same point can be an arm of two cases: run it once
         unique = list({p.point_id: p for p in points.values()}.values())
-        found = {p.point_id: row for p, row in run_points(unique, executor, workers, share_routing=True)}
+        with closing(run_points(unique, executor, workers, share_routing=True)) as finished:
+            found = {p.point_id: row for p, row in finished}
         rows_by_arm = {key: found[p.point_id] for key, p in points.items()}
     sampled: dict[tuple[str, str], list[dict]] = {}
     if uncertainty and points:
@@ -318,9 +320,10 @@ def _sample_arms(points: dict, n: int, seed: int, executor: str, workers: int | 
             todo.append(sample)
             keys[sample.point_id] = (key, i)
     found: dict = {key: [None] * n for key in points}
-    for sample, row in run_points(todo, executor, workers, share_routing=True):
-        key, i = keys[sample.point_id]
-        found[key][i] = (sample.profile_values, row)
+    with closing(run_points(todo, executor, workers, share_routing=True)) as finished:
+        for sample, row in finished:
+            key, i = keys[sample.point_id]
+            found[key][i] = (sample.profile_values, row)
     return found
 
 

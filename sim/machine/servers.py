@@ -33,7 +33,7 @@ class Server:
     memory and one for pageable memory (the driver's staged copy), and a fixed cost per operation."""
 
     __slots__ = ("env", "name", "free_at", "busy_s", "bytes_moved", "ops", "log", "bytes_per_s",
-                 "pageable_bytes_per_s", "op_latency_s", "dram", "dram_traffic", "host_thread")
+                 "pageable_bytes_per_s", "op_latency_s", "dram", "dram_traffic", "host_thread", "_wait")
 
     def __init__(self, env: simpy.Environment, name: str, lanes: int = 1, bytes_per_s: float = 0.0,
                  op_latency_s: float = 0.0, dram: "SharedBandwidth | None" = None, dram_traffic: float = 1.0,
@@ -41,6 +41,8 @@ class Server:
         if lanes < 1:
             raise ValueError("a server needs at least one lane")
         self.env, self.name = env, name
+        # the wait a process yields at once: the environment's short cut where it has one (environment.py)
+        self._wait = getattr(env, "elapse", env.timeout)
         self.free_at = [0.0] * lanes
         self.bytes_per_s, self.op_latency_s = bytes_per_s, op_latency_s
         self.pageable_bytes_per_s = pageable_bytes_per_s or bytes_per_s
@@ -66,9 +68,13 @@ class Server:
             return fixed
         return fixed + (n_bytes - pageable_bytes) / self.bytes_per_s + pageable_bytes / self.pageable_bytes_per_s
 
-    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> simpy.Event:
-        """A job of `seconds` issued now; the event fires when it is done."""
-        return self.env.timeout(self.book(seconds, n_bytes, n_ops, kind) - self.env.now)
+    def hold(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy", *,
+             later: bool = False) -> simpy.Event:
+        """A job of `seconds` issued now; the event fires when it is done. The calling process yields it at
+        once; `later`: it yields it after other work, or hangs callbacks on it (a plain timeout, see
+        sim/machine/environment.py)."""
+        delay = self.book(seconds, n_bytes, n_ops, kind) - self.env.now
+        return self.env.timeout(delay) if later else self._wait(delay)
 
     def book(self, seconds: float, n_bytes: float = 0, n_ops: int = 0, kind: str = "busy") -> float:
         """`hold` for a job nobody waits on by itself (a kernel enqueued on a stream that a later sync waits
@@ -76,15 +82,19 @@ class Server:
         return self._book(seconds, n_bytes, n_ops, kind, self.env.now)
 
     def _book(self, seconds: float, n_bytes: float, n_ops: int, kind: str, not_before: float) -> float:
+        # every job of a run comes here (about ten a layer step): written for the interpreter, no builtin calls
         free = self.free_at
         lane = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
-        start = max(free[lane], not_before)
+        start = free[lane]
+        if start < not_before:
+            start = not_before
         end = start + seconds
         free[lane] = end
         self.busy_s += seconds
-        self.bytes_moved += int(n_bytes)
+        whole_bytes = int(n_bytes)
+        self.bytes_moved += whole_bytes
         self.ops += n_ops
-        self.log.append((start, end, int(n_bytes), n_ops, kind))
+        self.log.append((start, end, whole_bytes, n_ops, kind))
         if self.dram is not None and n_bytes and seconds > 0:
             self.dram.reserve_during(start, end, self.dram_traffic * n_bytes / seconds)
         return end
@@ -99,10 +109,10 @@ class Server:
         self.log.append((start, end, int(n_bytes), n_ops, kind))
 
     def copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", pageable_bytes: float = 0.0,
-             fixed_costs: int | None = None) -> simpy.Event:
+             fixed_costs: int | None = None, *, later: bool = False) -> simpy.Event:
         """A copy job issued now: `n_ops` operations moving `n_bytes` in all, `pageable_bytes` of them from
-        pageable memory (see cost_s)."""
-        return self.hold(self.cost_s(n_bytes, n_ops, pageable_bytes, fixed_costs), n_bytes, n_ops, kind)
+        pageable memory (see cost_s). `later` as for hold."""
+        return self.hold(self.cost_s(n_bytes, n_ops, pageable_bytes, fixed_costs), n_bytes, n_ops, kind, later=later)
 
     def book_copy(self, n_bytes: float, n_ops: int = 1, kind: str = "copy", pageable_bytes: float = 0.0,
                   fixed_costs: int | None = None) -> float:
@@ -113,12 +123,13 @@ class Server:
         """A host thread's synchronize on this stream or copy engine, called now: the thread waits until every
         job issued here so far is done (their ends are known: each was issued with its service time), then
         spends `seconds` of its own (the call's cost, or its next host call). The event fires at its end."""
-        return self.env.timeout(thread._book(seconds, 0, n_ops, kind, max(self.env.now, self.idle_at()))
-                                - self.env.now)
+        return self._wait(thread._book(seconds, 0, n_ops, kind, max(self.env.now, self.idle_at())) - self.env.now)
 
-    def drained(self) -> simpy.Event:
-        """An event at the end of every job issued so far (a stream synchronize), without a job of its own."""
-        return self.env.timeout(max(0.0, max(self.free_at) - self.env.now))
+    def drained(self, *, later: bool = False) -> simpy.Event:
+        """An event at the end of every job issued so far (a stream synchronize), without a job of its own.
+        `later` as for hold."""
+        delay = max(0.0, max(self.free_at) - self.env.now)
+        return self.env.timeout(delay) if later else self._wait(delay)
 
     def idle_at(self) -> float:
         """When the last issued job ends (the server is idle from then on unless more work comes)."""

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
-from sim.errors import InputError
+from sim.errors import InputError, require_regular_file
 from sim.model.layout import MAX_EXPERTS, ExpertLayer, ModelLayout
 from sim.model.quant import QuantType, quant_type
 
@@ -111,6 +111,7 @@ def _one_line(text: object, limit: int = 160) -> str:
 
 
 def _open(where: str) -> _HeaderReader:
+    require_regular_file(where, where, "a GGUF file")
     try:
         return _HeaderReader(where)
     except FileNotFoundError:

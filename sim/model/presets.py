@@ -74,6 +74,24 @@ def _q4_k_m(n_blocks: int) -> Recipe:
     return lambda block: ("Q4_K", "Q4_K", "Q6_K" if more_bits(block) else "Q4_K")
 
 
+# llama.cpp's quantiser falls back when a tensor's rows are not a whole number of 256-weight super-blocks (its ne[0]
+# % QK_K != 0): Q4_K becomes Q5_0, Q6_K Q8_0 (src/llama-quant.cpp, llama_tensor_get_type's fallback switch; ik_llama.cpp
+# keeps the same two).
+_K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+
+
+def _with_fallback(recipe: Recipe, expert_width: int) -> Recipe:
+    """A k-quant recipe as llama.cpp writes it where ffn_down's rows (expert_width weights) hold no whole super-block."""
+    if expert_width % 256 == 0:
+        return recipe
+
+    def quantised(block: int) -> tuple[str, str, str]:
+        gate, up, down = recipe(block)
+        return gate, up, _K_QUANT_FALLBACK.get(down, down)
+
+    return quantised
+
+
 def _edges_first_recipe(n_blocks: int, mix: tuple[tuple[str, int], ...], down: str) -> Recipe:
     order = [block for pair in zip(range(n_blocks), reversed(range(n_blocks))) for block in pair]
     order = list(dict.fromkeys(order))  # drop the repeats once the two ends meet
@@ -188,6 +206,17 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             n_blocks=79, n_experts=256, top_k=8, n_shared=1, hidden=6144, expert_width=2048,
             recipe=lambda block: ("Q2_K",) * 3 if block == 78 else ("IQ2_XXS",) * 3,
             dense=range(0, 3), mtp=range(78, 79)),
+    # GLM-5.1: GLM-5.2's geometry (hardware-and-gguf.md §4 lists GLM-5 / 5.1 / 5.2 as one: 78 blocks + the MTP block
+    # 78, 0-2 dense, 256 experts, top-8, 1 shared, 6144 x 2048). As ubergarm's IQ3_KS file (320.216 GiB, 3.65 BPW;
+    # ik_llama.cpp, validation case L13), whose ik-only types are not in the GGML block table: IQ3_XXS gate/up (ik's
+    # IQ3_KS is 3.1875 bpw) and IQ4_XS down, 3.46 bpw a routed weight, a stand-in for the file's experts (320.2 GiB
+    # less ~19 B non-routed weights at ~8.5 bpw leaves ~3.5 bpw for the 734.5 B routed ones [E]).
+    _layout("glm-5.1-iq3_ks",
+            "hardware-and-gguf.md §4 (GLM-5 / 5.1 / 5.2: 78 blocks + MTP, 3 dense, 256 x top-8, 6144 x 2048); quant: "
+            "IQ3_XXS gate/up + IQ4_XS down, a GGML stand-in for the IQ3_KS file's ~3.5 bpw experts (llamacpp-engine.md "
+            "§11 P13)",
+            n_blocks=79, n_experts=256, top_k=8, n_shared=1, hidden=6144, expert_width=2048,
+            recipe=_uniform("IQ3_XXS", "IQ4_XS"), dense=range(0, 3), mtp=range(78, 79)),
     # gpt-oss-120b: hardware-and-gguf.md §4 (transformers GptOssConfig): 36 layers, 128 experts, top-4,
     # hidden 2880, width 2880. Experts ship as MXFP4 (2880 is not a multiple of 256, §3.1). The per-expert
     # f32 biases (3 x 2880 x 4 B, 0.3 % of an expert) are not counted.
@@ -220,6 +249,25 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             "for the expert tensors",
             n_blocks=47, n_experts=64, top_k=4, n_shared=1, hidden=2048, expert_width=1536, recipe=_q4_k_m(47),
             dense=range(0, 1)),
+    # DeepSeek-V2-Lite (deepseek2, 15.7 B): 27 blocks, block 0 dense (first_k_dense_replace = 1), 64 routed experts,
+    # top-6, 2 shared, n_embd 2048, moe width 1408 (its GGUF's metadata as llama.cpp prints it, ggml-org/llama.cpp PR
+    # #7519; routing-traces.md §6). As a Q4_K_M file (ik_llama.cpp #232, validation case L06): the Q4_K_M rule over its
+    # 27 blocks, ffn_down's 1408-weight rows falling back to Q5_0 and Q8_0.
+    _layout("deepseek-v2-lite-q4_k_m",
+            "DeepSeek-V2-Lite's GGUF metadata (ggml-org/llama.cpp PR #7519: block_count 27, embedding_length 2048) and "
+            "routing-traces.md §6 (64 routed, top-6, 2 shared, the first block dense); quant: llama.cpp's Q4_K_M rule, "
+            "ffn_down falling back to Q5_0 / Q8_0 (1408 is no multiple of 256)",
+            n_blocks=27, n_experts=64, top_k=6, n_shared=2, hidden=2048, expert_width=1408,
+            recipe=_with_fallback(_q4_k_m(27), 1408), dense=range(0, 1)),
+    # DeepSeek-V3.2 (deepseek2 with DSA's indexer; DeepSeek-V3's geometry, hardware-and-gguf.md §4): 61 blocks, 0-2 dense,
+    # 256 routed experts, top-8, 1 shared, n_embd 7168, moe width 2048, and the MTP block 61 that its 685.36 B
+    # parameters count (671 B + the MTP module [D]). As a Q8_0 file (llama.cpp PR #23346, validation case L19): every
+    # expert tensor Q8_0.
+    _layout("deepseek-v3.2-q8_0",
+            "hardware-and-gguf.md §4 (DeepSeek-V3/R1 geometry: 61 blocks, 3 dense, 256 x top-8, 1 shared, 7168 x 2048); "
+            "the MTP block 61 in the file (685.36 B parameters, llamacpp-engine.md §11 P19); quant: Q8_0 experts",
+            n_blocks=62, n_experts=256, top_k=8, n_shared=1, hidden=7168, expert_width=2048,
+            recipe=_uniform("Q8_0", "Q8_0"), dense=range(0, 3), mtp=range(61, 62)),
     # gpt-oss-20b: hardware-and-gguf.md §4 (EchoCog/gpt-oss-20b architecture notes): 24 layers, 32 experts, top-4,
     # hidden 2880, width 2880, the same MXFP4 experts (12.61 MiB each, §4.1); biases not counted, as for 120b.
     _layout("gpt-oss-20b",

@@ -10,6 +10,7 @@ the copy reads the same file from where it is written.
 from __future__ import annotations
 
 import copy
+import math
 import re
 import shlex
 import tomllib
@@ -149,6 +150,8 @@ def write_hardware(base: str, output: str | Path, settings: Sequence[str] = (), 
         if path in changes:
             raise InputError("hardware init", "--set", dotted(path), "given twice")
         kind, value = fields[path], _typed(value_text.strip(), fields[path])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError("hardware init", dotted(path), value_text.strip(), "must be a finite number")
         if isinstance(kind, type) and issubclass(kind, Quantity):
             unit = typing.get_args(kind.model_fields["unit"].annotation)[0]
             if not isinstance(value, (int, float)) or isinstance(value, bool):

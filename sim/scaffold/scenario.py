@@ -286,16 +286,32 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
         changed = {_parts(key) for key in overrides}
         temporary.write_text(_render_scenario(header(None), full, notes, changed), encoding="utf-8")
         scenario = load_scenario(temporary)
+        room = {}  # a default changed so that the engine has an expert cache on this card: key -> (value, why)
         try:
             plan = spec.plan_memory(scenario)
+            way_out = spec.room_for_a_cache(scenario, plan) if plan.knob not in overrides else None
+            if way_out is not None:  # start from a setting that works, and say which default it changed and why
+                key, value, reason = way_out
+                *tables, leaf = _parts(key)
+                node = full
+                for part in tables:
+                    node = node.setdefault(part, {})
+                node[leaf] = value
+                notes.what[_parts(key)] = reason
+                notes.started.add(_parts(key))
+                room[key] = (value, reason)
+                temporary.write_text(_render_scenario(header(None), full, notes, changed), encoding="utf-8")
+                scenario = load_scenario(temporary)
+                plan = spec.plan_memory(scenario)
             warning = plan.why_no_cache and f"{plan.why_no_cache} (change it with --set {plan.knob})"
         except InputError as exc:  # the engine would refuse to start on this box
             warning = exc.why
             temporary.write_text(_render_scenario(header(warning), full, notes, changed), encoding="utf-8")
-        return scenario, overrides, warning
+        return scenario, overrides, warning, room
 
-    scenario, overrides, warning = write_checked(output, draft)
+    scenario, overrides, warning, room = write_checked(output, draft)
     return {"path": str(output), "engine": engine, "engine_choice": why, "variant": variant, "model": model_ref,
             "hardware": hardware_ref, "trace": scenario.trace.model_dump(exclude_unset=True),
             "workload": {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens}, "settings": overrides,
+            "room_for_a_cache": {key: {"value": value, "why": reason} for key, (value, reason) in room.items()},
             "warning": warning}

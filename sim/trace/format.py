@@ -18,7 +18,7 @@ from numba import njit
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sim.errors import InputError
+from sim.errors import InputError, require_regular_file
 
 FORMAT_VERSION = 1
 METADATA_KEY = b"expertsim.trace"
@@ -44,6 +44,10 @@ class TraceHeader:
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
+
+
+VALIDATE_BLOCK_ROWS = 16_384  # rows a validation check looks at at once (Trace.validate)
+WRITE_ROW_GROUP_ROWS = 16_384  # rows of a Parquet row group (write_trace): ~16 MB of a 48-layer top-10 trace
 
 
 @dataclass
@@ -107,22 +111,77 @@ class Trace:
                 raise InputError(where, name, int(arr.min()), "must be >= 0")
         if rows and int(self.phase.max()) > PHASE_DECODE:
             raise InputError(where, "phase", int(self.phase.max()), "must be 0 (prefill) or 1 (decode)")
-        missing = self.experts == MISSING
-        partial = missing.any(axis=2) & ~missing.all(axis=2)
-        if partial.any():
-            r, layer = np.argwhere(partial)[0]
-            raise InputError(where, f"experts[row {r}, layer {layer}]", self.experts[r, layer].tolist(),
-                             "a cell is either fully recorded or fully missing")
-        bad = ~missing & (self.experts >= h.n_experts)
-        if bad.any():
-            r, layer, k = np.argwhere(bad)[0]
-            raise InputError(where, f"experts[row {r}, layer {layer}]", int(self.experts[r, layer, k]),
-                             f"expert id must be < n_experts={h.n_experts}")
+        # each check runs over blocks of rows, in row order (the first bad cell is the whole trace's first): its
+        # temporaries stay a few MB for a million-token trace instead of several times the routing's size
+        blocks = range(0, rows, VALIDATE_BLOCK_ROWS)
+        if self.weights is not None:
+            for first in blocks:
+                weights = self.weights[first: first + VALIDATE_BLOCK_ROWS]
+                wrong = ~(np.isfinite(weights) & (weights >= 0))
+                if wrong.any():
+                    r, layer, k = np.argwhere(wrong)[0]
+                    raise InputError(where, f"weights[row {first + r}, layer {layer}]", float(weights[r, layer, k]),
+                                     "a router weight is a finite number >= 0")
+        for first in blocks:
+            missing = self.experts[first: first + VALIDATE_BLOCK_ROWS] == MISSING
+            partial = missing.any(axis=2) & ~missing.all(axis=2)
+            if partial.any():
+                r, layer = np.argwhere(partial)[0]
+                raise InputError(where, f"experts[row {first + r}, layer {layer}]",
+                                 self.experts[first + r, layer].tolist(),
+                                 "a cell is either fully recorded or fully missing")
+        for first in blocks:
+            experts = self.experts[first: first + VALIDATE_BLOCK_ROWS]
+            bad = (experts != MISSING) & (experts >= h.n_experts)
+            if bad.any():
+                r, layer, k = np.argwhere(bad)[0]
+                raise InputError(where, f"experts[row {first + r}, layer {layer}]", int(experts[r, layer, k]),
+                                 f"expert id must be < n_experts={h.n_experts}")
+        self._check_token_order(where)
         cell = _first_repeated_pick(self.experts.reshape(-1, h.top_k), MISSING)
         if cell >= 0:  # one expert picked twice by one token would count as two lookups, one of them a free hit
             r, layer = divmod(int(cell), h.n_layers)
             raise InputError(where, f"experts[row {r}, layer {layer}]", self.experts[r, layer].tolist(),
                              "a token picks each expert of a layer at most once")
+        return self
+
+    def _check_token_order(self, where: str) -> None:
+        """Each (request, position) is one token, and a request's prompt comes before its answer: the workload
+        cuts a request into its prefill rows and its decode steps, so a repeated position would be replayed twice
+        and a prefill row after a decode row would be replayed as part of a prompt already answered. The importers
+        build traces that hold both; a Parquet file written by hand or by another tool may not."""
+        if not self.n_rows:
+            return
+        token = (self.request.astype(np.int64) << 32) | self.position.astype(np.int64)
+        order = np.argsort(token, kind="stable")
+        repeated = token[order][1:] == token[order][:-1]
+        if repeated.any():
+            later = order[1:][repeated]  # stable sort: of two rows of one token, the later one in row order
+            row = int(later.min())
+            first = int(order[:-1][repeated][np.argmin(later)])
+            raise InputError(where, f"position[row {row}]", int(self.position[row]),
+                             f"request {int(self.request[row])} already has a token at this position (row {first}):"
+                             " each (request, position) is one token")
+        requests, request_of_row = np.unique(self.request, return_inverse=True)
+        rows = np.arange(self.n_rows)
+        first_decode = np.full(len(requests), self.n_rows)
+        decode = self.phase == PHASE_DECODE
+        np.minimum.at(first_decode, request_of_row[decode], rows[decode])
+        late_prefill = ~decode & (rows > first_decode[request_of_row])
+        if late_prefill.any():
+            row = int(np.argmax(late_prefill))
+            raise InputError(where, f"phase[row {row}]", PHASE_NAMES[PHASE_PREFILL],
+                             f"request {int(self.request[row])} has a decode row before it (row "
+                             f"{int(first_decode[request_of_row[row]])}): a request's prompt comes before its answer")
+
+    def require_routing(self, where: str) -> "Trace":
+        """A trace read from a user's file must hold routing to replay: at least one token, not every cell missing
+        (read_trace and the importers both ask; an empty trace in memory, a selection of no rows, is fine)."""
+        if not self.n_rows:
+            raise InputError(where, "rows", 0, "a trace holds at least one token")
+        if self.missing_cells().all():
+            raise InputError(where, "experts", f"{self.n_rows} rows", "every (token, layer) cell is missing: "
+                                                                       "nothing to replay")
         return self
 
     def sha256(self) -> str:
@@ -169,7 +228,9 @@ def write_trace(trace: Trace, path: str | Path) -> None:
     table = pa.table(columns)
     meta = {METADATA_KEY: h.to_json().encode(), SHA256_KEY: trace.sha256().encode()}
     table = table.replace_schema_metadata(meta)
-    pq.write_table(table, str(path), compression="zstd")
+    # Row groups of WRITE_ROW_GROUP_ROWS rows: Arrow's writer holds one group's encoding and compression buffers at
+    # a time; one group of a million-token trace took about 5x the routing's bytes (issue 34's `trace gen` peak)
+    pq.write_table(table, str(path), compression="zstd", row_group_size=WRITE_ROW_GROUP_ROWS)
 
 
 @njit(cache=True)
@@ -205,6 +266,7 @@ def _header_from(path: str, meta: dict | None) -> TraceHeader:
 
 
 def _list_column(path: str, table: pa.Table, name: str, width: int, dtype) -> np.ndarray:
+    """A fixed-size list column as a [rows, width] array (read_trace passes one row group at a time)."""
     col = table.column(name).combine_chunks()
     if not pa.types.is_fixed_size_list(col.type) or col.type.list_size != width:
         raise InputError(path, name, str(col.type), f"expected fixed_size_list of n_layers*top_k = {width}")
@@ -232,21 +294,30 @@ def _int_column(path: str, table: pa.Table, name: str, dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
+def _unreadable(where: str, exc: Exception) -> InputError:
+    why = " ".join(str(exc).split())  # Arrow messages can span lines; an InputError is one line
+    return InputError(where, "parquet", type(exc).__name__, f"not a readable Parquet file: {why}")
+
+
 def read_trace(path: str | Path) -> Trace:
-    """Read a trace written by `write_trace`; any defect raises InputError naming the file and field."""
+    """Read a trace written by `write_trace`; any defect raises InputError naming the file and field. The file is
+    read a row group at a time into the trace's arrays: a million-token trace takes its own size once, not the
+    Arrow table's and then the arrays' (issue 34's `trace stats` and `cache --mrc` peaks)."""
     where = str(path)
-    if Path(where).is_dir():  # pyarrow would read a folder as a dataset of its files
-        raise InputError(where, "path", where, "is a folder, not a trace file")
+    require_regular_file(where, where, "a trace file")  # pyarrow would read a folder as a dataset of its files
     try:
-        table = pq.read_table(where)
+        file = pq.ParquetFile(where)
+        schema = file.schema_arrow
     except FileNotFoundError:
         raise InputError(where, "path", where, "no such file") from None
+    except UnicodeDecodeError:  # Arrow decodes the column names as it builds the schema
+        raise InputError(where, "columns", "?", "a column name is not UTF-8") from None
     except (pa.ArrowException, OSError) as exc:
-        why = " ".join(str(exc).split())  # Arrow messages can span lines; an InputError is one line
-        raise InputError(where, "parquet", type(exc).__name__, f"not a readable Parquet file: {why}") from None
-    header = _header_from(where, table.schema.metadata)
+        raise _unreadable(where, exc) from None
+    metadata = schema.metadata
+    header = _header_from(where, metadata)
     try:
-        names = table.column_names
+        names = schema.names
     except UnicodeDecodeError:
         raise InputError(where, "columns", "?", "a column name is not UTF-8") from None
     if len(set(names)) != len(names):
@@ -255,21 +326,32 @@ def read_trace(path: str | Path) -> Trace:
         if name not in names:
             raise InputError(where, "columns", names, f"missing column {name!r}")
     width = header.n_layers * header.top_k
-    experts = _list_column(where, table, "experts", width, np.uint16)
-    weights = None
-    if "weights" in names:
-        weights = _list_column(where, table, "weights", width, np.float32)
-        weights = weights.reshape(-1, header.n_layers, header.top_k)
-    trace = Trace(
-        header,
-        _int_column(where, table, "request", np.int32),
-        _int_column(where, table, "position", np.int32),
-        _int_column(where, table, "phase", np.uint8),
-        experts.reshape(-1, header.n_layers, header.top_k),
-        weights,
-    )
-    trace.validate(where)
-    stored = table.schema.metadata.get(SHA256_KEY)
+    n_rows = file.metadata.num_rows
+    cell = (header.n_layers, header.top_k)
+    columns = {"request": (np.int32, ()), "position": (np.int32, ()), "phase": (np.uint8, ()),
+               "experts": (np.uint16, cell), **({"weights": (np.float32, cell)} if "weights" in names else {})}
+    arrays = {name: np.empty((n_rows, *shape), dtype) for name, (dtype, shape) in columns.items()}
+    row = 0
+    for group in range(file.num_row_groups):
+        try:
+            table = file.read_row_group(group)
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+            raise _unreadable(where, exc) from None
+        rows = table.num_rows
+        if row + rows > n_rows:
+            raise InputError(where, "row groups", f"more than {n_rows} rows", "the footer's row count is wrong")
+        for name, (dtype, shape) in columns.items():
+            part = (_list_column(where, table, name, width, dtype) if shape else
+                    _int_column(where, table, name, dtype))
+            arrays[name][row: row + rows] = part.reshape(rows, *shape)
+        row += rows
+        del table  # its Arrow buffers go before the next group is read
+    if row != n_rows:
+        raise InputError(where, "row groups", f"{row} rows", f"the footer says {n_rows}")
+    trace = Trace(header, arrays["request"], arrays["position"], arrays["phase"], arrays["experts"],
+                  arrays.get("weights"))
+    trace.validate(where).require_routing(where)
+    stored = metadata.get(SHA256_KEY)
     if stored is not None and stored.decode("ascii", "replace") != trace.sha256():
         raise InputError(where, "expertsim.trace.sha256", stored.decode("ascii", "replace"),
                          "content hash does not match the data (file altered or corrupt)")

@@ -66,11 +66,12 @@ def generator_preset_names() -> list[str]:
 
 
 def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: int, requests: int = 1,
-                   statistics: dict | None = None) -> Trace:
+                   statistics: dict | None = None, stop=None) -> Trace:
     """A synthetic trace of `requests` requests, each `prompt_tokens` prefill then `decode_tokens` decode
     rows, in execution order (request after request). Deterministic in (preset, statistics, sizes, seed).
     `statistics` (reuse_decode, reuse_prefill, entropy: generator_spec.with_statistics) replace the preset's
-    defaults with measured ones; the model is calibrated to them at first use (seconds)."""
+    defaults with measured ones; the model is calibrated to them at first use (seconds). `stop`, a
+    threading.Event, ends a generation running in a worker thread once set (GenerationStopped)."""
     if not isinstance(preset, str) or preset not in GENERATOR_PRESETS:
         raise InputError("generate_trace", "preset", preset, f"unknown; valid: {', '.join(generator_preset_names())}")
     prompt = _check_int("prompt_tokens", prompt_tokens, 0)
@@ -85,7 +86,7 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
     if statistics:
         spec = with_statistics(spec, **statistics)
     model = model_of(spec) if statistics else _model(preset)
-    return _generated(spec, model, preset, prompt, decode, seed, n_req, statistics)
+    return _generated(spec, model, preset, prompt, decode, seed, n_req, statistics, stop)
 
 
 def trace_of_spec(spec: dict, prompt_tokens: int, decode_tokens: int, seed: int, requests: int = 1) -> Trace:
@@ -95,7 +96,7 @@ def trace_of_spec(spec: dict, prompt_tokens: int, decode_tokens: int, seed: int,
 
 
 def _generated(spec: dict, model, preset: str, prompt: int, decode: int, seed: int, n_req: int,
-               statistics: dict | None = None) -> Trace:
+               statistics: dict | None = None, stop=None) -> Trace:
     geo = _geometry(spec["model"])
     rows = n_req * (prompt + decode)
     size = rows * geo.n_layers * geo.top_k * 2
@@ -103,7 +104,7 @@ def _generated(spec: dict, model, preset: str, prompt: int, decode: int, seed: i
         raise InputError("generate_trace", "requests x (prompt_tokens + decode_tokens)", rows,
                          f"too large: {size / GIB:.1f} GiB of expert ids (limit {MAX_TRACE_BYTES >> 30} GiB, "
                          f"{MAX_ROWS} rows)")
-    experts = model.run(seed, n_req, prompt, decode)
+    experts = model.run(seed, n_req, prompt, decode, stop)
     request = np.repeat(np.arange(n_req, dtype=np.int32), prompt + decode)
     position = np.tile(np.arange(prompt + decode, dtype=np.int32), n_req)
     phase = np.tile(np.r_[np.full(prompt, PHASE_PREFILL, np.uint8), np.full(decode, PHASE_DECODE, np.uint8)], n_req)

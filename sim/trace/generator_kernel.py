@@ -122,29 +122,33 @@ def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, k
             cum[layer, c, e] = acc
 
 
+class GeneratorState:
+    """What the per-token loop carries from one block of rows to the next: the generator's state word, the
+    request's working-set scores and their cumulative weights, its token ids (hash layers), the token's context
+    and the pick stamps. Blocks of rows are generated in order and give the same trace as one call would."""
+
+    def __init__(self, seed, n_layers: int, n_experts: int, n_ctx: int, max_groups: int, steps: int):
+        self.st = np.empty(1, np.uint64)
+        self.st[0] = (int(seed) * 0xD1B54A32D192ED03 + 0x2545F4914F6CDD1D) % 2**64  # uint64 arithmetic, wrapping
+        self.zg = np.zeros((n_layers, max(int(max_groups), 1)))
+        self.zi = np.zeros((n_layers, n_experts))
+        self.cum = np.zeros((n_layers, n_ctx, n_experts))
+        self.tok_of = np.zeros(max(steps, 1), np.int64)  # the request's token ids so far (hash layers)
+        # stamp[e] == mark: e is already picked for the current (token, layer); one O(1) test instead of a scan
+        self.stamp = np.zeros(n_experts, np.int64)
+        self.counters = np.zeros(2, np.int64)  # [the token's context, mark]
+
+
 @nb.njit(cache=True, nogil=True)  # nogil: independent requests can be generated on several cores
-def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, group_of, members, gstart, n_groups,
-            ctx_of, n_ctx, kappa, stick, rho, recall, lag_cum, partner, seg_p, drift, is_hash, vocab_cum, tok_rho,
-            tok_lag_cum, hash_seed):
+def _kernel_rows(out, first_row, last_row, prompt, decode, st, zg, zi, cum, tok_of, stamp, counters, k, w, sigma,
+                 thr, leak, local, eta, group_of, members, gstart, n_groups, ctx_of, n_ctx, kappa, stick, rho, recall,
+                 lag_cum, partner, seg_p, drift, is_hash, vocab_cum, tok_rho, tok_lag_cum, hash_seed):
+    """Rows first_row..last_row - 1 of `out` (rows of earlier blocks are read back: temporal reuse and recall)."""
     n_layers, e_n = w.shape
     steps = prompt + decode
-    rows = n_req * steps
-    out = np.empty((rows, n_layers, k), np.uint16)
-    st = np.empty(1, np.uint64)
-    st[0] = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(0x2545F4914F6CDD1D)
-    max_g = 1
-    for layer in range(n_layers):
-        if n_groups[layer] > max_g:
-            max_g = n_groups[layer]
-    zg = np.zeros((n_layers, max_g))
-    zi = np.zeros((n_layers, e_n))
-    cum = np.zeros((n_layers, n_ctx, e_n))
-    tok_of = np.zeros(max(steps, 1), np.int64)  # the request's token ids so far (hash layers)
     sel = np.zeros(k, np.int64)
     srt = np.zeros(k, np.int64)  # the picks of the current (token, layer) in ascending id order
-    # stamp[e] == mark: e is already picked for the current (token, layer); one O(1) test instead of a scan
-    stamp = np.zeros(e_n, np.int64)
-    mark = 0
+    ctx, mark = counters[0], counters[1]
     mate_weight = np.zeros(members.shape[1])  # group mates' current weights, 0 once picked
     any_hash = False
     for layer in range(n_layers):
@@ -152,140 +156,139 @@ def _kernel(seed, n_req, prompt, decode, k, w, sigma, thr, leak, local, eta, gro
             any_hash = True
     keep_d = math.sqrt(1.0 - drift)
     add_d = math.sqrt(drift)
-    row = 0
-    for r in range(n_req):
-        for layer in range(n_layers):
-            if is_hash[layer]:
-                continue
-            for g in range(n_groups[layer]):
-                zg[layer, g] = _normal(st)
-            for e in range(e_n):
-                zi[layer, e] = _normal(st)
-            _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
-        ctx = 0
-        for t in range(steps):
-            ph = 0 if t < prompt else 1
-            if t > 0 and seg_p > 0.0 and _rand(st) < seg_p:
-                for layer in range(n_layers):
-                    if is_hash[layer] or not local[layer]:
-                        continue
-                    for g in range(n_groups[layer]):
-                        zg[layer, g] = keep_d * zg[layer, g] + add_d * _normal(st)
-                    for e in range(e_n):
-                        zi[layer, e] = keep_d * zi[layer, e] + add_d * _normal(st)
-                    _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
-            if n_ctx > 1 and (t == 0 or _rand(st) >= stick):
-                ctx = int(_rand(st) * n_ctx)
-            tid = -1
-            if any_hash:
-                # a token repeats one of the request's earlier tokens (its lag drawn from tok_lag_cum) or is a
-                # fresh draw from the vocabulary's rank-frequency law
-                if t > 0 and _rand(st) < tok_rho:
-                    j = 1 + _search(tok_lag_cum, _rand(st))
-                    if j <= t:
-                        tid = tok_of[t - j]
-                if tid < 0:
-                    tid = _search(vocab_cum, _rand(st) * vocab_cum[vocab_cum.shape[0] - 1])
-                tok_of[t] = tid
+    for row in range(first_row, last_row):
+        t = row % steps
+        if t == 0:  # a request begins: its working-set scores
             for layer in range(n_layers):
-                n = 0
-                mark += 1
-                removed = 0.0  # the summed weights of the picks so far, in pick order
                 if is_hash[layer]:
-                    attempt = 0
-                    while n < k:
-                        h = _mix(hash_seed ^ (np.uint64(layer) << np.uint64(40)) ^ (np.uint64(tid) << np.uint64(8))
-                                 ^ np.uint64(attempt))
-                        attempt += 1
-                        x = int(h % np.uint64(e_n))
-                        dup = False
-                        for j in range(n):
-                            if sel[j] == x:
-                                dup = True
-                                break
-                        if not dup:
-                            sel[n] = x
-                            n += 1
-                else:
-                    c = cum[layer, ctx]
-                    total = c[e_n - 1]
-                    if t > 0:
-                        # temporal reuse, short range: each of the previous token's experts is kept with
-                        # probability rho (per layer and phase)
-                        p_keep = rho[ph, layer]
-                        for j in range(k):
-                            if _rand(st) < p_keep:
-                                y = np.int64(out[row - 1, layer, j])
-                                n = _pick(y, n, sel, srt, stamp, mark)
-                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
-                        # long range: each pick still free is, with probability recall, a copy of an expert of
-                        # the request's token j back (j - 2 drawn from lag_cum): one of that token's experts at
-                        # random, among those of the current token's context if it has any (so the context keeps
-                        # its cross-layer pull); one picked already leaves the pick to a fresh draw
-                        p_recall = recall[layer]
-                        if p_recall > 0.0:
-                            for _ in range(k - n):
-                                if n >= k or _rand(st) >= p_recall:
+                    continue
+                for g in range(n_groups[layer]):
+                    zg[layer, g] = _normal(st)
+                for e in range(e_n):
+                    zi[layer, e] = _normal(st)
+                _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
+            ctx = 0
+        ph = 0 if t < prompt else 1
+        if t > 0 and seg_p > 0.0 and _rand(st) < seg_p:
+            for layer in range(n_layers):
+                if is_hash[layer] or not local[layer]:
+                    continue
+                for g in range(n_groups[layer]):
+                    zg[layer, g] = keep_d * zg[layer, g] + add_d * _normal(st)
+                for e in range(e_n):
+                    zi[layer, e] = keep_d * zi[layer, e] + add_d * _normal(st)
+                _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, kappa, n_ctx, layer)
+        if n_ctx > 1 and (t == 0 or _rand(st) >= stick):
+            ctx = int(_rand(st) * n_ctx)
+        tid = -1
+        if any_hash:
+            # a token repeats one of the request's earlier tokens (its lag drawn from tok_lag_cum) or is a
+            # fresh draw from the vocabulary's rank-frequency law
+            if t > 0 and _rand(st) < tok_rho:
+                j = 1 + _search(tok_lag_cum, _rand(st))
+                if j <= t:
+                    tid = tok_of[t - j]
+            if tid < 0:
+                tid = _search(vocab_cum, _rand(st) * vocab_cum[vocab_cum.shape[0] - 1])
+            tok_of[t] = tid
+        for layer in range(n_layers):
+            n = 0
+            mark += 1
+            removed = 0.0  # the summed weights of the picks so far, in pick order
+            if is_hash[layer]:
+                attempt = 0
+                while n < k:
+                    h = _mix(hash_seed ^ (np.uint64(layer) << np.uint64(40)) ^ (np.uint64(tid) << np.uint64(8))
+                             ^ np.uint64(attempt))
+                    attempt += 1
+                    x = int(h % np.uint64(e_n))
+                    dup = False
+                    for j in range(n):
+                        if sel[j] == x:
+                            dup = True
+                            break
+                    if not dup:
+                        sel[n] = x
+                        n += 1
+            else:
+                c = cum[layer, ctx]
+                total = c[e_n - 1]
+                if t > 0:
+                    # temporal reuse, short range: each of the previous token's experts is kept with
+                    # probability rho (per layer and phase)
+                    p_keep = rho[ph, layer]
+                    for j in range(k):
+                        if _rand(st) < p_keep:
+                            y = np.int64(out[row - 1, layer, j])
+                            n = _pick(y, n, sel, srt, stamp, mark)
+                            removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                    # long range: each pick still free is, with probability recall, a copy of an expert of
+                    # the request's token j back (j - 2 drawn from lag_cum): one of that token's experts at
+                    # random, among those of the current token's context if it has any (so the context keeps
+                    # its cross-layer pull); one picked already leaves the pick to a fresh draw
+                    p_recall = recall[layer]
+                    if p_recall > 0.0:
+                        for _ in range(k - n):
+                            if n >= k or _rand(st) >= p_recall:
+                                continue
+                            j = 2 + _search(lag_cum, _rand(st))
+                            if j > t:  # before the request's first token: nothing to recall
+                                continue
+                            own = 0
+                            for m in range(k):
+                                if ctx_of[layer, out[row - j, layer, m]] == ctx:
+                                    own += 1
+                            pick = int(_rand(st) * (own if own > 0 else k))
+                            y = -1
+                            for m in range(k):
+                                z = np.int64(out[row - j, layer, m])
+                                if own > 0 and ctx_of[layer, z] != ctx:
                                     continue
-                                j = 2 + _search(lag_cum, _rand(st))
-                                if j > t:  # before the request's first token: nothing to recall
-                                    continue
-                                own = 0
-                                for m in range(k):
-                                    if ctx_of[layer, out[row - j, layer, m]] == ctx:
-                                        own += 1
-                                pick = int(_rand(st) * (own if own > 0 else k))
-                                y = -1
-                                for m in range(k):
-                                    z = np.int64(out[row - j, layer, m])
-                                    if own > 0 and ctx_of[layer, z] != ctx:
-                                        continue
-                                    if pick == 0:
-                                        y = z
-                                        break
-                                    pick -= 1
-                                if stamp[y] == mark:  # picked already: this pick stays fresh (no bias to the rare)
-                                    continue
-                                n = _pick(y, n, sel, srt, stamp, mark)
-                                removed += c[y] - (c[y - 1] if y > 0 else 0.0)
-                                # a recalled pick draws its co-activation partner like a fresh pick does
-                                if n < k and partner[layer] > 0.0 and _rand(st) < partner[layer]:
-                                    z = _mate(sel[n - 1], layer, c, group_of, members, gstart, stamp, mark,
-                                              mate_weight, st)
-                                    if z >= 0:
-                                        n = _pick(z, n, sel, srt, stamp, mark)
-                                        removed += c[z] - (c[z - 1] if z > 0 else 0.0)
-                    while n < k:
-                        x = -1
-                        if n > 0 and partner[layer] > 0.0 and _rand(st) < partner[layer]:
-                            x = _mate(sel[int(_rand(st) * n)], layer, c, group_of, members, gstart, stamp, mark,
-                                      mate_weight, st)
-                        if x < 0:
-                            # an exact draw without replacement: a point of the range with the picked
-                            # experts cut out, mapped back onto cum by adding the widths of the cut
-                            # intervals below it (picked ids visited in ascending order)
-                            left = total - removed
-                            if left > total * 1e-9:
-                                xx = _rand(st) * left
-                                for j in range(n):
-                                    y = srt[j]
-                                    if (c[y - 1] if y > 0 else 0.0) <= xx:
-                                        xx += c[y] - (c[y - 1] if y > 0 else 0.0)
-                                    else:
-                                        break
-                                y = _search(c, xx)
-                                if c[y] - (c[y - 1] if y > 0 else 0.0) > 0.0 and stamp[y] != mark:
-                                    x = y
-                        if x < 0:  # fewer than k experts with weight: take a free id from a random start
-                            y = int(_rand(st) * e_n)
-                            while stamp[y] == mark:
-                                y = (y + 1) % e_n
-                            x = y
-                        n = _pick(x, n, sel, srt, stamp, mark)
-                        removed += c[x] - (c[x - 1] if x > 0 else 0.0)
-                for j in range(k):
-                    out[row, layer, j] = sel[j]
-            row += 1
-    return out
+                                if pick == 0:
+                                    y = z
+                                    break
+                                pick -= 1
+                            if stamp[y] == mark:  # picked already: this pick stays fresh (no bias to the rare)
+                                continue
+                            n = _pick(y, n, sel, srt, stamp, mark)
+                            removed += c[y] - (c[y - 1] if y > 0 else 0.0)
+                            # a recalled pick draws its co-activation partner like a fresh pick does
+                            if n < k and partner[layer] > 0.0 and _rand(st) < partner[layer]:
+                                z = _mate(sel[n - 1], layer, c, group_of, members, gstart, stamp, mark,
+                                          mate_weight, st)
+                                if z >= 0:
+                                    n = _pick(z, n, sel, srt, stamp, mark)
+                                    removed += c[z] - (c[z - 1] if z > 0 else 0.0)
+                while n < k:
+                    x = -1
+                    if n > 0 and partner[layer] > 0.0 and _rand(st) < partner[layer]:
+                        x = _mate(sel[int(_rand(st) * n)], layer, c, group_of, members, gstart, stamp, mark,
+                                  mate_weight, st)
+                    if x < 0:
+                        # an exact draw without replacement: a point of the range with the picked
+                        # experts cut out, mapped back onto cum by adding the widths of the cut
+                        # intervals below it (picked ids visited in ascending order)
+                        left = total - removed
+                        if left > total * 1e-9:
+                            xx = _rand(st) * left
+                            for j in range(n):
+                                y = srt[j]
+                                if (c[y - 1] if y > 0 else 0.0) <= xx:
+                                    xx += c[y] - (c[y - 1] if y > 0 else 0.0)
+                                else:
+                                    break
+                            y = _search(c, xx)
+                            if c[y] - (c[y - 1] if y > 0 else 0.0) > 0.0 and stamp[y] != mark:
+                                x = y
+                    if x < 0:  # fewer than k experts with weight: take a free id from a random start
+                        y = int(_rand(st) * e_n)
+                        while stamp[y] == mark:
+                            y = (y + 1) % e_n
+                        x = y
+                    n = _pick(x, n, sel, srt, stamp, mark)
+                    removed += c[x] - (c[x - 1] if x > 0 else 0.0)
+            for j in range(k):
+                out[row, layer, j] = sel[j]
+    counters[0], counters[1] = ctx, mark
 
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.trace.generator_kernel import _kernel
+from sim.trace.generator_kernel import GeneratorState, _kernel_rows
+
+# (token, layer) picks one kernel call generates before it returns to Python: ~0.1 s of a 48-layer top-10 model
+BLOCK_PICKS = 1 << 20
+
+
+class GenerationStopped(Exception):
+    """A generation another thread asked to stop (its `stop` event set): a worker of an interrupted run."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,28 @@ class _Model:
         w = self.w ** self.temper[:, None]
         return w / w.sum(1, keepdims=True)
 
-    def run(self, seed: int, n_req: int, prompt: int, decode: int) -> np.ndarray:
-        return _kernel(np.uint64(seed), n_req, prompt, decode, self.geo.top_k, self.w_run, self.sigma, self.thr,
-                       self.leak, self.local, self.eta, self.group_of, self.members, self.gstart, self.n_groups,
-                       self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall, self.lag_cum,
-                       self.partner, self.seg_p, self.drift, self.is_hash, self.vocab_cum, self.tok_rho, self.tok_lag_cum,
-                       np.uint64(self.hash_seed))
+    def run(self, seed: int, n_req: int, prompt: int, decode: int, stop=None) -> np.ndarray:
+        """[rows, layers, k] expert ids, generated a block of rows per kernel call: Python takes a Ctrl-C between
+        two blocks (a million-token prompt in one call ignored it for a minute), and the trace is the same. `stop`
+        (a threading.Event) set by another thread ends the generation at the next block (GenerationStopped)."""
+        steps = prompt + decode
+        rows = n_req * steps
+        n_layers, n_experts = self.w.shape
+        out = np.empty((rows, n_layers, self.geo.top_k), np.uint16)
+        state = GeneratorState(np.uint64(seed), n_layers, n_experts, self.n_ctx, int(self.n_groups.max(initial=1)),
+                               steps)
+        w_run, thr = self.w_run, self.thr  # computed properties: once, not per block
+        block = max(1, BLOCK_PICKS // (n_layers * self.geo.top_k))
+        for first in range(0, rows, block):
+            if stop is not None and stop.is_set():
+                raise GenerationStopped(f"stopped at row {first:,} of {rows:,}")
+            _kernel_rows(out, first, min(rows, first + block), prompt, decode, state.st, state.zg, state.zi,
+                         state.cum, state.tok_of, state.stamp, state.counters, self.geo.top_k, w_run, self.sigma,
+                         thr, self.leak, self.local, self.eta, self.group_of, self.members, self.gstart,
+                         self.n_groups, self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall,
+                         self.lag_cum, self.partner, self.seg_p, self.drift, self.is_hash, self.vocab_cum,
+                         self.tok_rho, self.tok_lag_cum, np.uint64(self.hash_seed))
+        return out
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:

@@ -202,18 +202,30 @@ def _deepseek(model: str, key: str, hottest_median_v3: float = 6.0) -> dict:
 for _name in ("deepseek-v4-flash-q2", "deepseek-v4-flash-q2-q4", "deepseek-v4-flash-q4"):
     GENERATOR_PRESETS[_name] = _deepseek(_name, "deepseek-v4-flash")
 GENERATOR_PRESETS["deepseek-v4-pro"] = _deepseek("deepseek-v4-pro", "deepseek-v4-pro")
+
+
+def _deepseek_generic(model: str, version: str, n_experts: int) -> dict:
+    """A DeepSeek router with no hotlist or heat of its own stored: a generic popularity whose hottest expert is the
+    DeepSeek-V3 long-run median's ~6x uniform, and V4-Flash's reuse."""
+    return _fine(
+        model,
+        popularity=dict(kind="generic", beta=0.8, entropy_first=0.89, entropy_mid=0.89, entropy_spread=0.02,
+                        source=f"no {version} heat stored: a stretched exponential whose hottest of {n_experts} "
+                               "experts is ~6x uniform (entropy 0.89), the DeepSeek-V3 GPQA median (§3.2)"),
+        reuse=V4_FLASH_REUSE,
+        targets={
+            "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3),
+                                         source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
+            "reuse": dict(value="V4_FLASH_REUSE", source="borrowed from DeepSeek-V4-Flash (same router family)"),
+        })
+
+
 # DeepSeek-V4.1-Flash: no hotlist or heat of it is published. Its router is DeepSeek's (sigmoid, top-6, no hash
-# layers): a generic popularity whose hottest expert is the DeepSeek-V3 long-run median's ~6x uniform.
-GENERATOR_PRESETS["deepseek-v4.1-flash-q2"] = _fine(
-    "deepseek-v4.1-flash-q2",
-    popularity=dict(kind="generic", beta=0.8, entropy_first=0.89, entropy_mid=0.89, entropy_spread=0.02,
-                    source="no V4.1 heat stored: a stretched exponential whose hottest of 384 experts is ~6x "
-                           "uniform (entropy 0.89), the DeepSeek-V3 GPQA median (§3.2)"),
-    reuse=V4_FLASH_REUSE,
-    targets={
-        "hottest_over_uniform": dict(median=6.0, range=(3.2, 13.3), source="DeepSeek-V3 GPQA, 178 requests (§3.2)"),
-        "reuse": dict(value="V4_FLASH_REUSE", source="borrowed from DeepSeek-V4-Flash (same router family)"),
-    })
+# layers).
+GENERATOR_PRESETS["deepseek-v4.1-flash-q2"] = _deepseek_generic("deepseek-v4.1-flash-q2", "V4.1", 384)
+# DeepSeek-V3.2 (its Q8_0 file, validation case L19): the long-run DeepSeek-V3 heat of §3.2 is a measurement of this
+# router family (V3.2 keeps V3's router and adds DSA to attention); no V3.2 hotlist or per-layer heat is stored.
+GENERATOR_PRESETS["deepseek-v3.2-q8_0"] = _deepseek_generic("deepseek-v3.2-q8_0", "V3.2", 256)
 GENERATOR_PRESETS["qwen3-30b-a3b"] = _fine(
     "qwen3-30b-a3b",
     popularity=dict(kind="derived", key="qwen3-30b-a3b",
@@ -360,6 +372,8 @@ for _name, _of in (("qwen3.6-35b-a3b-q8_0", "qwen3.6-35b-a3b"), ("qwen3-30b-a3b-
                    ("qwen3.5-35b-a3b", "qwen3.6-35b-a3b"), ("mixtral-8x7b-q4_k_m", "mixtral-8x7b")):
     GENERATOR_PRESETS[_name] = {**copy.deepcopy(GENERATOR_PRESETS[_of]), "model": _name}
 GENERATOR_PRESETS["glm-5.2"]["coactivation"]["partner_prob"] = 0.15
+# GLM-5.1's router is GLM-5.2's (one architecture, hardware-and-gguf.md §4): its file routes with GLM-5.2's spec
+GENERATOR_PRESETS["glm-5.1-iq3_ks"] = {**copy.deepcopy(GENERATOR_PRESETS["glm-5.2"]), "model": "glm-5.1-iq3_ks"}
 _V2_LITE = ("the DeepSeek-V2-Lite-Chat trace of ngavhane/moe-beyond @ 4dca2eac (1,999 teacher-forced prompts, "
             "192,023 tokens; traces/derive_deepseek_v2_lite.py)")
 _V2_LITE_RUN = dict(prompt_lengths="deepseek-v2-lite", seeds=8)
@@ -402,6 +416,9 @@ GENERATOR_PRESETS["deepseek-v2-lite"] = _fine(
 # partner probability of 0.25 gives the p99 (0.15 the share, 0.3 the largest: pairs here are groups of two)
 GENERATOR_PRESETS["deepseek-v2-lite"]["coactivation"].update(
     partner_prob=0.25, source="fitted by hand to the kept-pair p99 lift of " + _V2_LITE)
+# its Q4_K_M file (validation case L06) routes as the model does: the same spec, calibration and derived figures
+GENERATOR_PRESETS["deepseek-v2-lite-q4_k_m"] = {**copy.deepcopy(GENERATOR_PRESETS["deepseek-v2-lite"]),
+                                               "model": "deepseek-v2-lite-q4_k_m"}
 
 
 

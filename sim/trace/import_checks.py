@@ -155,7 +155,21 @@ def _trace(ctx: _Ctx, variant: str, n_layers: int, k: int, n_experts: int, notes
     header = TraceHeader(model=ctx.model if ctx.model is not None else f"unknown ({ctx.fmt})",
                          n_layers=n_layers, n_experts=n_experts, top_k=k,
                          source=Path(ctx.where).name, source_sha256=ctx.sha, generator=generator)
-    return Trace(header, request, position, phase, experts, full_weights).validate(ctx.where)
+    return Trace(header, request, position, phase, experts, full_weights).validate(ctx.where).require_routing(ctx.where)
+
+
+def _check_layers(c: _Cols, layer: np.ndarray, n_layers: int) -> None:
+    """Layer ids number a model's routed layers from 0, so every id up to the largest is recorded somewhere: a
+    skipped id (a typo's layer=100000, or ids counted from the first dense layer) would add layers that hold no
+    routing, each replayed as all-missing."""
+    recorded = np.unique(layer)  # not a bincount: a corrupt id near 2**31 would ask for gigabytes
+    if len(recorded) == n_layers:
+        return
+    first_absent = int(np.argmax(recorded != np.arange(len(recorded))))  # recorded[i] == i up to the first gap
+    n_absent = n_layers - len(recorded)
+    gap = f"{first_absent}" if n_absent == 1 else f"{n_absent:,} of them, first {first_absent}"
+    c.fail(int(np.argmax(layer)), "layer", f"layer ids number the routed layers from 0, but ids below it are "
+                                           f"never recorded ({gap}): each id 0..{n_layers - 1} needs a record")
 
 
 def _check_size(c: _Cols, n_rows: int, n_layers: int, layer: np.ndarray, pos_field: str,

@@ -12,6 +12,7 @@ are vectorised and name the input line of the first offending record. Every defe
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from pathlib import Path
@@ -20,9 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sim.errors import InputError
+from sim.errors import InputError, require_regular_file
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_PREFILL, Trace
-from sim.trace.import_checks import _check_duplicates, _check_size, _Cols, _Ctx, _expert_ids, _first, _trace, _weights
+from sim.trace.import_checks import (_check_duplicates, _check_layers, _check_size, _Cols, _Ctx, _expert_ids, _first,
+                                     _trace, _weights)
 from sim.trace.import_readers import JSONL_FIELDS, VLLM_FIELDS, _clip, _first_line, _read_csv, _read_jsonl
 
 FORMATS = ("auto", "vllm-jsonl", "csv", "jsonl")
@@ -37,12 +39,16 @@ def import_trace(path: str | Path, fmt: str = "auto", *, n_experts: int | None =
     where = str(path)
     if fmt not in FORMATS:
         raise InputError(where, "format", fmt, f"unknown format; expected one of {', '.join(FORMATS)}")
+    require_regular_file(path, where, "a trace file" if fmt == "auto" else f"a {fmt} trace file")
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise InputError(where, "path", where, "no such file") from None
     except OSError as exc:
         raise InputError(where, "path", where, f"cannot read: {exc.strerror or exc}") from None
+    file_sha256 = hashlib.sha256(data).hexdigest()
+    # a byte-order mark opens files that Excel and Notepad save as UTF-8; it is no part of the first column's name
+    data = data.removeprefix(codecs.BOM_UTF8)
     if not data or data.isspace():
         raise InputError(where, "file", f"{len(data)} bytes", "empty file: no records")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
@@ -50,7 +56,7 @@ def import_trace(path: str | Path, fmt: str = "auto", *, n_experts: int | None =
     n_experts, n_experts_note = _n_experts_from(where, n_experts, model)
     if fmt == "auto":
         fmt = _detect(where, data)
-    ctx = _Ctx(where, fmt, model, n_experts, n_experts_note, top_k, hashlib.sha256(data).hexdigest())
+    ctx = _Ctx(where, fmt, model, n_experts, n_experts_note, top_k, file_sha256)
     if fmt == "vllm-jsonl":
         cols, lines = _read_jsonl(where, data, VLLM_FIELDS)
         trace = _build_vllm(ctx, cols, lines)
@@ -146,6 +152,7 @@ def _build_vllm(ctx: _Ctx, cols: dict, lines: np.ndarray) -> Trace:
     names = [f"{dataset[int(i)].as_py()}/{problem[int(i)].as_py()}" for i in first]
     n_req = len(names)
     n_layers = int(layer.max()) + 1
+    _check_layers(c, layer, n_layers)
     if raw:
         step, prefill_len, decode_len = _raw_steps(c, req, layer, pos, n_req, n_layers)
         first_pos = np.zeros(n_req, dtype=np.int64)
@@ -221,6 +228,7 @@ def _build_generic(ctx: _Ctx, cols: dict, lines: np.ndarray) -> Trace:
     ids, k, n_experts, notes = _expert_ids(ctx, c)
     weights = _weights(c, "weights", k)
     n_layers = int(layer.max()) + 1
+    _check_layers(c, layer, n_layers)
     key = (request << 32) | (position << 1) | phase
     uniques, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     rank = np.empty(len(uniques), dtype=np.int64)

@@ -26,9 +26,36 @@ class ExpertCaches:
         self.slab_class = -1
         self.dedup = [NoticeDedup() for _ in range(n_pools)]
         self.staging_bytes = staging_bytes
+        # the pool of every layer (int64 [layer]): its size class's, or the one slab
+        self.pool_of_layers = layers.class_of_layer.astype(np.int64) if per_class else np.zeros(layers.count, np.int64)
 
     def pool_of(self, layer: int) -> int:
-        return int(self.layers.class_of_layer[layer]) if self.per_class else 0
+        return int(self.pool_of_layers[layer])
+
+    def as_is(self, pools: np.ndarray, classes: np.ndarray) -> bool:
+        """Whether prepare() would leave each of these (pool, class) steps' caches as they are, without a free, an
+        allocation or a notice: the pool allocated for that class and either at the budget or, below it, with
+        no room to grow (sizing.prepare_class_cache keeps it). Nothing a step does changes that for the next."""
+        for pool, cls in set(zip(pools.tolist(), classes.tolist())):
+            if not self.allocated[pool] or (not self.per_class and self.slab_class != cls):
+                return False
+            if self.cache.capacity[pool] >= self.budget_experts:
+                continue
+            held = self.pool_state(pool)
+            out = prepare_class_cache(held, self.layers.class_keys[cls], self.budget_experts,
+                                      self.m.memory.vram_free(), self.reserve_bytes)
+            if out.state is not held:
+                return False
+        return True
+
+    def _which_class(self, cls: int) -> str:
+        """What the engine's line leaves unsaid after #504: which size class's cache it is about (its MiB/expert
+        tells it apart only to a reader who knows the classes' sizes)."""
+        if not self.per_class or len(self.layers.class_keys) == 1:  # one class: the line is about all of them
+            return ""
+        n_layers = int((self.layers.class_of_layer == cls).sum())
+        return (f" [size class {cls + 1} of {len(self.layers.class_keys)}: {n_layers} of "
+                f"{len(self.layers.class_of_layer)} layers; each class's cache is sized on its own]")
 
     def pool_bytes(self, pool: int) -> int:
         """VRAM of the pool's three slabs (0 when it is not allocated)."""
@@ -76,7 +103,7 @@ class ExpertCaches:
             return pool
         printed = self.dedup[pool].emit(out.notice)
         if printed is not None:
-            self.notices.append(printed)
+            self.notices.append(printed + self._which_class(cls))
         if held is not None:  # a size change or growth releases the old allocation and its contents
             yield from self.free_pool(thread, pool)
         capacity = out.state.capacity_experts if out.state is not None else 0

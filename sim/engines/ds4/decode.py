@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_EVICT
+from sim.trace.format import MISSING
 
 SELECTED_IDS_BYTES = 6 * 4  # the router's 6 int32 ids read back per layer (§1.6)
 
@@ -30,8 +31,13 @@ class Decode:
     def __init__(self, run):
         self.run = run  # the Ds4Process: its machine, threads, caches, loads and per-layer figures
 
-    def layer(self, layer: int, experts: np.ndarray, row: dict):
+    def layer(self, layer: int, experts: np.ndarray, row: dict, lookup: tuple | None = None):
+        """One layer step; `lookup` (outcomes, counts): its cache lookup, done ahead by `lookups`, or None."""
         raise NotImplementedError
+
+    def lookups(self, layers: np.ndarray, experts: np.ndarray) -> list | None:
+        """The token's cache lookups in one call, where they can be done ahead (None: each step looks up)."""
+        return None
 
     def end_of_token(self) -> None:
         """What the host does once a token's layers are issued (nothing on CUDA)."""
@@ -41,12 +47,15 @@ class Decode:
         the forward pass (decode tokens only, when the scenario runs MTP)."""
         run = self.run
         run.caches.phase = phase
-        steps = [(layer, routing[layer]) for layer in range(run.layers.n_routed)]
+        n_routed = run.layers.n_routed
+        layers, experts = run.layers.routed_layers, routing[:n_routed]
         if mtp_routing is not None:
-            steps += list(zip(run.layers.mtp_layers, mtp_routing))
-        for layer, experts in steps:
+            layers = run.layers.all_layers
+            experts = np.concatenate([experts, mtp_routing[: len(layers) - n_routed]])
+        lookups = self.lookups(layers, experts)
+        for i, layer in enumerate(layers.tolist()):
             row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=run.m.env.now, tokens=1)
-            yield from self.layer(layer, experts, row)
+            yield from self.layer(layer, experts[i], row, None if lookups is None else lookups[i])
         self.end_of_token()
         # the token exists once the last layer's kernels (queued on the stream) are done
         yield run.m.gpu.drained()
@@ -57,33 +66,58 @@ class CudaDecode(Decode):
     needs (its encode, a sync, a copy) before it issues it; kernels enqueued on the stream run in order behind
     what was enqueued before them."""
 
-    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float):
+    def lookups(self, layers: np.ndarray, experts: np.ndarray) -> list | None:
+        """Issue 33: a token's lookups in one kernel call when no step of it can change a pool: each step's
+        prepare() would find its pool as is (allocated, of its class, at the budget) and its experts fit the
+        compact staging (no growth that could release the caches), and no cell is missing. The outcomes are
+        then those of the steps' own lookups one after another (tests/test_ds4_engine.py)."""
+        run = self.run
+        caches = run.caches
+        pools = caches.pool_of_layers[layers]
+        if not caches.as_is(pools, run.layers.class_of_layer[layers]):
+            return None
+        if experts.shape[1] * int(run.layers.expert_bytes[layers].max()) > caches.staging_bytes:
+            return None
+        if (experts == MISSING).any():
+            return None
+        outcome, counts = caches.cache.access_steps(layers, experts, caches.pool_of_layers, MODE_EVICT)
+        return list(zip(outcome, counts.tolist()))
+
+    def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float,
+                         lookup: tuple | None):
         """begin_compact_load for one decode layer: ids back, lookup, misses, hand-over (see the module doc)."""
         run = self.run
         m, caches, loads = run.m, run.caches, run.loads
         # the thread's device sync (the stream is idle: the main thread has just synced) and the ids readback
         yield thread.hold(m.sync_s + m.memcpy_call_s, SELECTED_IDS_BYTES, 1, "ids readback")
-        yield from caches.grow_staging(thread, int(len(experts) * run.layers.expert_bytes[layer]))
-        pool = yield from caches.prepare(thread, int(run.layers.class_of_layer[layer]))
-        outcome, _, _ = caches.cache.access(layer, experts, pool, MODE_EVICT)
-        n = np.bincount(outcome.astype(np.int64), minlength=4)
-        hits, inserts, evictions, direct = int(n[HIT]), int(n[INSERT]), int(n[EVICT]), int(n[DIRECT])
+        if lookup is None:
+            yield from caches.grow_staging(thread, int(len(experts) * run.layers.expert_bytes[layer]))
+            pool = yield from caches.prepare(thread, int(run.layers.class_of_layer[layer]))
+            outcome, _, _ = caches.cache.access(layer, experts, pool, MODE_EVICT)
+            n = np.bincount(outcome.astype(np.int64), minlength=4).tolist()
+        else:  # looked up ahead (`lookups`): staging and pool as they are
+            outcome, n = lookup
+        hits, inserts, evictions, direct = n[HIT], n[INSERT], n[EVICT], n[DIRECT]
         loaded = inserts + evictions
-        fetch = experts[outcome != HIT]
+        fetch = experts[outcome != HIT] if hits < len(experts) else experts[:0]
         k = len(experts)
         if run.knobs.hits_first:  # #1082: the hits' experts run while the misses are read
             m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
-            drive = yield from (loads.pool_load(layer, fetch) if loads.pool is not None else
-                                loads.load(thread, layer, fetch))
+            drive = (yield from self._load_misses(thread, layer, fetch)) if len(fetch) else 0
             m.gpu.book(routed_s * (k - hits) / k, 0, 0, "routed experts (misses)")
         else:
-            drive = yield from (loads.pool_load(layer, fetch) if loads.pool is not None else
-                                loads.load(thread, layer, fetch))
+            drive = (yield from self._load_misses(thread, layer, fetch)) if len(fetch) else 0
         yield from loads.to_staging(thread, layer, hits + loaded, m.memcpy_call_s, "slot map upload")
         row.update(lookups=k, hits=hits, inserts=inserts, evictions=evictions)
         loads.record(row, layer, hits, loaded, direct, hits + loaded, drive)
 
-    def layer(self, layer: int, experts: np.ndarray, row: dict):
+    def _load_misses(self, thread, layer: int, fetch: np.ndarray):
+        """The misses' reads and uploads: #1082's pread pool, or the thread's own QD1 chain (a process to yield
+        from; a step whose experts all hit has none)."""
+        loads = self.run.loads
+        return loads.pool_load(layer, fetch) if loads.pool is not None else loads.load(thread, layer, fetch)
+
+    def layer(self, layer: int, experts: np.ndarray, row: dict, lookup: tuple | None = None):
         run = self.run
         m = run.m
         other_s, shared_s, routed_s = run.decode_s[layer]
@@ -99,7 +133,7 @@ class CudaDecode(Decode):
             # The worker is this process: the main thread has nothing else to do until the join, and its enqueue
             # lands on the stream before any of the worker's copies (FIFO on the stream either way).
             m.gpu.book(shared_s, 0, 0, "shared expert")
-            yield from self._select_and_load(run.worker, layer, experts, row, routed_s)
+            yield from self._select_and_load(run.worker, layer, experts, row, routed_s, lookup)
             # flush_commands and the join: with hits first the worker has queued the routed kernels, which the join
             # does not wait for (the next layer's kernels queue behind them), and its copies are done (it synced
             # each); otherwise the device sync waits for the stream
@@ -108,7 +142,7 @@ class CudaDecode(Decode):
             else:
                 yield m.gpu.synchronize(run.main, m.sync_s, 1, "flush + join")
         else:  # the synchronous path: the main thread fetches, then enqueues the shared expert
-            yield from self._select_and_load(run.main, layer, experts, row, routed_s)
+            yield from self._select_and_load(run.main, layer, experts, row, routed_s, lookup)
             m.gpu.book(shared_s, 0, 0, "shared expert")
         if not hits_first:
             m.gpu.book(routed_s, 0, 0, "routed experts")  # enqueued; the next layer's work queues behind it

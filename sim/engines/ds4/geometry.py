@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -58,6 +59,16 @@ class Layers:
         return cls(n_routed, layout.n_experts, mtp_layers, part_bytes, part_bytes.sum(axis=1),
                    np.array([classes[(x.gate_bytes, x.down_bytes)] for x in layers]), tuple(classes),
                    tuple(expert_bytes(g, d) for g, d in classes))
+
+    @cached_property  # asked every decode token
+    def routed_layers(self) -> np.ndarray:
+        """The forward pass's layers, in order (int64)."""
+        return np.arange(self.n_routed, dtype=np.int64)
+
+    @cached_property
+    def all_layers(self) -> np.ndarray:
+        """The forward pass's layers, then the MTP layers (int64)."""
+        return np.arange(self.count, dtype=np.int64)
 
     @property
     def n_classes(self) -> int:

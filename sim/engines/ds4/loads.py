@@ -145,6 +145,8 @@ class Loads:
         sid = self.rec.step(**row, end_s=self.m.env.now, h2d_bytes=fetched * eb, d2d_bytes=handed * eb,
                             file_read_bytes=drive_bytes, file_blob_reads=fetched, direct_loads=direct,
                             vram_used_bytes=memory.used("vram"), ram_used_bytes=memory.used("ram"))
+        if not self.rec.copy_plan:  # a run that keeps no copy rows (a sweep point): nothing to name
+            return
         for part, part_bytes in zip(("gate", "up", "down"), self.layers.part_bytes[layer]):
             self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
             self.rec.copy(sid, "H2D", direct, part_bytes, "file", f"staging:{part}")

@@ -135,7 +135,7 @@ class MetalDecode(Decode):
         """The last layer's routed experts go with the output head, committed at the token's end."""
         self._commit()
 
-    def layer(self, layer: int, experts: np.ndarray, row: dict):
+    def layer(self, layer: int, experts: np.ndarray, row: dict, lookup: tuple | None = None):
         """One decode-path layer on Metal (ds4.c @b0309611 L23873-L23990). The GPU runs only what the host has
         committed, and the main thread commits at the router signal (the early commit) and after the shared expert,
         so a layer's routed experts go in the command buffer that the next layer's router signal closes: they wait
@@ -154,7 +154,7 @@ class MetalDecode(Decode):
         other_s, shared_s, routed_s = run.decode_s[layer]
         if layer == 0:
             self.cache.note_token()
-        encoded = run.main.hold(run.encode_layer_s, 0, 1, "graph encode")
+        encoded = run.main.hold(run.encode_layer_s, 0, 1, "graph encode", later=True)
         yield from self._fault_weights(layer)  # while the main thread encodes
         yield encoded  # what is committed from here on has been encoded
         self.gpu_unsent.append((other_s, "attention + router"))
@@ -163,7 +163,7 @@ class MetalDecode(Decode):
             self.gpu_unsent.append((shared_s, "shared expert"))
         else:
             self._commit()  # the early commit after the router's signal
-            signalled = m.gpu.drained()  # the router's signal: the end of what the stream holds now
+            signalled = m.gpu.drained(later=True)  # the router's signal: the end of what the stream holds now
             self.gpu_unsent.append((shared_s, "shared expert"))
             self._commit()  # flushed before the join
             yield signalled

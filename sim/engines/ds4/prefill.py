@@ -112,9 +112,12 @@ class Prefill:
             if ranking is None:  # ds4 ships lists for DeepSeek V4 Flash and Pro only
                 return []
         elif run.family == "deepseek-v4":
-            raise InputError(where, "engine.env.DS4_METAL_STREAMING_EXPERT_HOTLIST", None,
-                             "ds4 seeds its built-in hotlist here, whose expert ids only the real list has: give "
-                             "it as a rank,layer,expert CSV, or set ssd-streaming-cold")
+            # ds4 reads this Metal-named variable on CUDA too (the seeding pass is one function, ds4.c L20814)
+            raise InputError(where, "engine.env.DS4_METAL_STREAMING_EXPERT_HOTLIST", "(unset)",
+                             "after each prompt ds4 seeds its cache from its built-in hotlist, whose (layer, expert) "
+                             "ids match the real model's routing, not a trace of your own: give a list ranked from "
+                             "a profiling run (`expertsim trace hotlist PROFILE.parquet -o hot.csv`, then this "
+                             "variable = \"hot.csv\"), or set engine.flags.ssd-streaming-cold = true to seed nothing")
         else:
             return []
         return hotlist_seed_plan(ranking, run.layers.n_experts, seeded_layers, knobs.preload(run.budget_experts))

@@ -144,10 +144,11 @@ class LlamaCppProcess:
         rows of work."""
         n = len(rows)
         yield from self._switch(n * self.hidden_bytes + rows.size * IDS_BYTES, True)
-        used = np.unique(rows[rows != MISSING])
+        selected = rows[rows != MISSING]
+        used = np.unique(selected)
         fault = yield from self._faults(layer, used)
         read = len(used) * int(self.cpu_bytes[layer])
-        work = int((rows != MISSING).sum()) * int(self.cpu_bytes[layer])
+        work = len(selected) * int(self.cpu_bytes[layer])
         yield self.m.cpu_expert_matmul(self.cpu, read, work, threads)
         yield from self._switch(n * self.hidden_bytes, False)
         self.totals["cpu_layer_steps"] += 1
@@ -184,11 +185,12 @@ class LlamaCppProcess:
         weights, each distinct selected expert and the K/V of the range once, and passes over them for every row
         (every token's matmuls, its k experts, its attention's reads) [E: CPU attention priced as its K/V reads]."""
         n = len(rows)
-        used = np.unique(rows[rows != MISSING])
+        selected = rows[rows != MISSING]
+        used = np.unique(selected)
         fault = yield from self._faults(layer, used)
         expert = int(self.cpu_bytes[layer])
         read = self.layer_weight_bytes + len(used) * expert + self._kv_bytes(first + n - 1, 1)
-        work = n * self.layer_weight_bytes + int((rows != MISSING).sum()) * expert + self._kv_bytes(first, n)
+        work = n * self.layer_weight_bytes + len(selected) * expert + self._kv_bytes(first, n)
         yield self.m.cpu_expert_matmul(self.cpu, read, work, threads, "layer (CPU)")
         self.totals["whole_cpu_layer_steps"] += 1
         self.totals["cpu_expert_read_bytes"] += len(used) * expert

@@ -16,6 +16,8 @@ makes of them on a model:
   batches     -b / -ub, clamped n_ubatch <= n_batch <= n_ctx (src/llama-context.cpp:245-247)
   threads     -t for one-token graphs, -tb for larger ones; default the physical cores (common/common.cpp:288-310)
   op offload  mainline: ubatch >= GGML_OP_OFFLOAD_MIN_BATCH (32); ik: also ubatch x k >= 32 x E; --no-op-offload
+  repacking   ik's -rtr/--run-time-repack: the tensors in host memory repacked into row-interleaved types that only
+              the CPU's kernels read, so their matmuls stay on the CPU at any ubatch; mmap turned off (ik #147)
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ VARIANTS = {v.name: v for v in (
             "--n-cpu-moe takes the last N MoE layers on one GPU (ik #2262)"),
 )}
 # Flags and variables one build reads and the other does not: set on the other, the scenario is refused.
-ONLY_IN = {"load-mode": ("mainline", "mainline-pre-15346"), "no-ooae": ("ik",), "fit": ("mainline",),
+ONLY_IN = {"load-mode": ("mainline", "mainline-pre-15346"), "no-ooae": ("ik",), "run-time-repack": ("ik",),
+           "fit": ("mainline",),
            "GGML_OP_OFFLOAD_MIN_BATCH": ("mainline", "mainline-pre-15346"), "GGML_CUDA_MIN_BATCH_OFFLOAD": ("ik",)}
 
 ENV_NAMES = ("GGML_OP_OFFLOAD_MIN_BATCH", "GGML_CUDA_MIN_BATCH_OFFLOAD", "GGML_CUDA_NO_PINNED")
@@ -110,6 +113,9 @@ class Flags(Strict):
     no_mmap: bool = Field(False, alias="no-mmap")  # the older spelling of --load-mode none (still parsed)
     mlock: bool = False  # the older spelling of --load-mode mmap+mlock
     no_ooae: bool = Field(False, alias="no-ooae")  # ik: copy whole expert tensors under op offload
+    # ik -rtr: host tensors repacked for the CPU's kernels (ik #147: "turning on run time repacking will automatically
+    # turn off mmap"); the GPU's kernels do not read the repacked types, so op offload never takes them [E from C]
+    run_time_repack: bool = Field(False, alias="run-time-repack")
     # mainline --fit (#16653, default on): with no -ot / --cpu-moe / --n-cpu-moe, keep the experts of the last layers
     # in host RAM until the rest fits with a 1 GiB margin; any of those flags turns it off (common/fit.cpp:395-400)
     fit: Literal["on", "off"] = "on"
@@ -166,8 +172,8 @@ def cpu_placement(where: str, layout, flags: Flags, variant: Variant) -> np.ndar
     if flags.n_cpu_moe:
         if variant.ik:  # the last N MoE layers (src/llama-load-tensors.cpp:270-285)
             chosen = blocks[max(0, len(blocks) - flags.n_cpu_moe):]
-        else:  # blk.0 .. blk.N-1, MoE or not (common/common.h:1115-1117)
-            chosen = [b for b in blocks if b < flags.n_cpu_moe]
+        else:  # blk.0 .. blk.N-1, MoE or not, an MTP block too (common/common.h:1115-1117: a regex per block index)
+            chosen = [layer.block for layer in layout.layers if layer.block < flags.n_cpu_moe]
         overrides += [(re.compile(rf"blk\.{b}{exps}"), True) for b in chosen]
     on_cpu = np.zeros((n_layers, len(EXPERT_PARTS)), bool)
     for i, layer in enumerate(layout.layers):
@@ -241,8 +247,9 @@ class Knobs:
         whole_cpu = np.array([layer.block for layer in layout.layers]) < cpu_blocks
         on_cpu = overridden | whole_cpu[:, None]
         pinning = getattr(env, "GGML_CUDA_NO_PINNED", None) in (None, "0", "")  # else no CUDA_Host buffers
-        if variant.ik:  # mmap is disabled when a tensor is overridden to the CPU, unless pinning is off (§7)
-            mapped = not flags.no_mmap and not (overridden.any() and pinning)
+        # ik: mmap is disabled when a tensor is overridden to the CPU, unless pinning is off (§7), and by -rtr
+        if variant.ik:
+            mapped = not (flags.no_mmap or flags.run_time_repack) and not (overridden.any() and pinning)
             mlock = flags.mlock
         else:
             mode = flags.load_mode or ("none" if flags.no_mmap else "mmap+mlock" if flags.mlock else "auto")
@@ -254,7 +261,7 @@ class Knobs:
         env_name = "GGML_CUDA_MIN_BATCH_OFFLOAD" if variant.ik else "GGML_OP_OFFLOAD_MIN_BATCH"
         min_batch = _env_count(where, env, env_name)
         return cls(variant, on_cpu, cpu_blocks, whole_cpu, output_on_gpu, host, mlock, ubatch, batch, ctx, threads,
-                   flags.threads_batch or threads, not flags.no_op_offload,
+                   flags.threads_batch or threads, not (flags.no_op_offload or flags.run_time_repack),
                    OP_OFFLOAD_MIN_BATCH_DEFAULT if min_batch is None else min_batch,
                    variant.copy_used_only and not flags.no_ooae)
 

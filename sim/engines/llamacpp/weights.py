@@ -84,6 +84,15 @@ _QWEN38_SOURCE = ("[M] the same GGUF's non-expert tensors as Strata's logs load 
                   "for the 12 QSA layers' 2 KV heads of 256 and the 36 GDN layers' ~3 MiB of state)")
 
 
+def _mla(layers: int, heads: int | None = None, active_params: float | None = None) -> Attention:
+    """DeepSeek's MLA as llama.cpp caches it: a 512-wide latent and 64 rope dims per token and layer (F16); a query
+    scores 576 dims and reads 512 a head. Without the head count the prompt's attention is not priced."""
+    if heads is None:
+        return Attention((512 + 64) * F16_BYTES, layers)
+    return Attention((512 + 64) * F16_BYTES, layers, flops_per_position=2 * heads * (576 + 512),
+                     active_params_per_layer=active_params / layers)
+
+
 # Files of llamacpp-engine.md §11: the file less the preset's expert tensors and the token embedding (the file type's
 # type [E]; vocabularies: Qwen's 248,320 rows as Qwen3.8's (strata-engine.md §2.1) [E], GLM-4.7-Flash's 154,880,
 # hardware-and-gguf.md §4) is the rest. K/V at F16: Qwen3.6-35B-A3B has Qwen3.5's hybrid layout (a quarter of its 40
@@ -120,7 +129,22 @@ _FILES = {
                             "[M] mixtral-8x7b-v0.1.Q4_K_M.gguf 26.4 GB (TheBloke/Mixtral-8x7B-v0.1-GGUF's listing, "
                             "indexed copy 57454187032); 32 query heads and 8 KV heads of 128 in 32 full-attention "
                             "layers, 12.9 B active (hardware-and-gguf.md §4); Mistral's 32,000-token vocabulary"),
-    "glm-4.7-flash": (17.1, 154_880, Attention((512 + 64) * F16_BYTES, 47), "Q4_K",
+    "deepseek-v2-lite-q4_k_m": (9.78, 102_400, _mla(27), "Q4_K",
+                                "[M] DeepSeek-Lite Q4_K_M 9.78 GiB as llama-bench prints it (ik_llama.cpp PR #232, "
+                                "llamacpp-engine.md §11 P06); MLA (a 512-wide latent + 64 rope dims cached) in its 27 "
+                                "layers, its heads not held: the prompt's attention is not priced; DeepSeek-V2's "
+                                "102,400-token vocabulary"),
+    "deepseek-v3.2-q8_0": (678.56, 129_280, _mla(61, 128, 37e9), "Q8_0",
+                           "[M] DeepSeek-V3.2 Q8_0 678.56 GiB as llama-bench prints it (llama.cpp PR #23346, "
+                           "llamacpp-engine.md §11 P19); MLA in 61 layers, 128 query heads (hardware-and-gguf.md "
+                           "§4); 37 B active over 61 layers; DeepSeek-V3's 129,280-token vocabulary; DSA's indexer "
+                           "not priced (it keeps 2,048 positions: a context up to that attends to all of them)"),
+    "glm-5.1-iq3_ks": (320.216, 154_880, _mla(78, 64, 40e9), "Q8_0",
+                       "[M] GLM-5.1 IQ3_KS 320.216 GiB (ubergarm's file, loftllc.dev, llamacpp-engine.md §11 P13); "
+                       "MLA in its 78 layers, 64 query heads (hardware-and-gguf.md §4: MLA + DSA), the MTP block not "
+                       "run; 40 B active over 78 layers; vocabulary 154,880; the token embedding and output taken "
+                       "at Q8_0 [E]; DSA's indexer not priced"),
+    "glm-4.7-flash": (17.1, 154_880, _mla(47), "Q4_K",
                       "[M] GLM-4.7-Flash Q4_K_M 17.1 GiB (thecodacus/llama.cpp PR #6, llamacpp-engine.md §11 P22); its "
                       "MLA heads are not held: the prompt's attention is not priced"),
 }

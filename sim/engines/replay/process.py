@@ -6,7 +6,7 @@ the cache is one that `expertsim cache` offers, replayed by the same functions (
 lru | lfu | opt | static | ds4-slab, scope layer | class | global, slots per pool, prefill mode evict | append,
 a ranking profile for static. No engine and no timing: counts and bytes only.
 
-The workload as one trace: each request's prompt rows (phase prefill), then its decode rows, requests in
+The workload as one trace (sim/workload.py workload_trace): each request's prompt rows (phase prefill), then its decode rows, requests in
 order, the cache carried from one request to the next as the engines keep it. Every prompt token routes (there
 is no prefix or conversation cache) and only the routed layers replay (no MTP draft step). The figures cover
 the whole workload: the `measured` flag, which picks the request an engine reports, does not apply.
@@ -20,32 +20,13 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
 
 from sim.cache.kernels import HIT
 from sim.cache.replay import Geometry, capacity_pools, lru_mrc, mrc_exact, parse_slots, read_profile, replay
 from sim.engines.base import EngineState
 from sim.engines.replay.summary import NO_MEANING, figures, records
-from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
-from sim.workload import WorkloadRouting, workload_routing
-
-
-def workload_trace(scenario, routing: WorkloadRouting | None = None) -> Trace:
-    """The scenario's workload routing (given, or built) as one trace (module docstring): per request its prompt
-    rows, then its decode rows; the routed layers only."""
-    routing = workload_routing(scenario) if routing is None else routing
-    layout = scenario.layout
-    routed = layout.n_routed_layers
-    experts, request, position, phase = [], [], [], []
-    for i, r in enumerate(routing.requests):
-        rows = len(r.prompt) + len(r.decode)
-        experts += [r.prompt[:, :routed], r.decode[:, :routed]]
-        phase += [np.full(len(r.prompt), PHASE_PREFILL), np.full(len(r.decode), PHASE_DECODE)]
-        request.append(np.full(rows, i))
-        position.append(np.arange(rows))
-    header = TraceHeader(layout.name, routed, layout.n_experts, layout.top_k, "scenario workload", routing.sha256)
-    return Trace(header, np.concatenate(request), np.concatenate(position), np.concatenate(phase),
-                 np.concatenate(experts))
+from sim.trace.format import Trace
+from sim.workload import WorkloadRouting, workload_trace
 
 
 def _cache(scenario, routing: WorkloadRouting | None = None) -> tuple[Trace, Geometry, str, int]:
@@ -109,4 +90,4 @@ def mrc_figures(scenario, slot_counts: list[int]) -> list[dict]:
     return rows
 
 
-__all__ = ["ReplayProcess", "mrc_figures", "workload_trace"]
+__all__ = ["ReplayProcess", "mrc_figures"]

@@ -106,7 +106,7 @@ class _ChunkCompute:
     def _issue(self, seconds: float, slots: int) -> float:
         gpu = self.m.gpu
         start = max(self.m.env.now, gpu.idle_at())
-        end = gpu.hold(seconds, 0, 0, "prompt layer (experts in id order)")
+        end = gpu.hold(seconds, 0, 0, "prompt layer (experts in id order)", later=True)  # callbacks hang on it
         self.last_share = end
         if slots:
             end.callbacks.append(lambda _e: self.ring.put(slots))
@@ -269,7 +269,7 @@ class PromptStream:
                     yield room
                 # the group's copies are queued back to back on the copy stream: one fixed cost per group
                 n_bytes = len(ids) * blob
-                done = m.h2d.copy(n_bytes, len(ids), "prompt stream", fixed_costs=1)
+                done = m.h2d.copy(n_bytes, len(ids), "prompt stream", fixed_costs=1, later=True)
                 if n_stage:  # the buffers pass to the copy, which frees them blob by blob for the next group
                     self.pinned.put(n_stage)
                 done.callbacks.append(compute.arrived)

@@ -152,11 +152,13 @@ def sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object]
             series = rest[1:]
             fig = go.Figure()
             per_slice = max(len(_slices(ok, series)), 1)
+            # a line joins values in order; text values (variants) have none, so they get points only
+            mode = "lines+markers" if _numeric(ok[xk]) else "markers"
             for i, (name, part) in enumerate(slices):
                 lines = _slices(part, series)
                 for line_name, line in lines:
                     fig.add_trace(go.Scatter(x=[_python_value(v) for v in line[xk]], y=line[metric].tolist(),
-                                             mode="lines+markers", name=line_name or title, visible=i == 0,
+                                             mode=mode, name=line_name or title, visible=i == 0,
                                              hovertemplate=f"{dimension_title(xk)} %{{x}}<br>{title} "
                                                            f"%{{y:{fmt}}}<extra></extra>"))
                 for _ in range(per_slice - len(lines)):  # keep the slider's trace blocks aligned
