@@ -127,10 +127,10 @@ class GeneratorState:
     request's working-set scores and their cumulative weights, its token ids (hash layers), the token's context
     and the pick stamps. Blocks of rows are generated in order and give the same trace as one call would."""
 
-    def __init__(self, seed, n_layers: int, n_experts: int, n_ctx: int, max_groups: int, steps: int):
+    def __init__(self, seed, n_layers: int, n_experts: int, n_ctx: int, n_groups: np.ndarray, steps: int):
         self.st = np.empty(1, np.uint64)
         self.st[0] = (int(seed) * 0xD1B54A32D192ED03 + 0x2545F4914F6CDD1D) % 2**64  # uint64 arithmetic, wrapping
-        self.zg = np.zeros((n_layers, max(int(max_groups), 1)))
+        self.zg = np.zeros((n_layers, max(int(n_groups.max(initial=1)), 1)))  # a score per working-set group
         self.zi = np.zeros((n_layers, n_experts))
         self.cum = np.zeros((n_layers, n_ctx, n_experts))
         self.tok_of = np.zeros(max(steps, 1), np.int64)  # the request's token ids so far (hash layers)

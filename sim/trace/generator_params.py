@@ -83,8 +83,7 @@ class _Model:
         rows = n_req * steps
         n_layers, n_experts = self.w.shape
         out = np.empty((rows, n_layers, self.geo.top_k), np.uint16)
-        state = GeneratorState(np.uint64(seed), n_layers, n_experts, self.n_ctx, int(self.n_groups.max(initial=1)),
-                               steps)
+        state = GeneratorState(np.uint64(seed), n_layers, n_experts, self.n_ctx, self.n_groups, steps)
         w_run, thr = self.w_run, self.thr  # computed properties: once, not per block
         block = max(1, BLOCK_PICKS // (n_layers * self.geo.top_k))
         for first in range(0, rows, block):
