@@ -324,6 +324,24 @@ def test_a_sweep_over_text_values_draws_points_not_a_line(tmp_path):
     assert dict(_sweep_figures(out, frame))["decode_tok_s sweep"].data[0].mode == "lines+markers"
 
 
+def test_a_sweep_over_text_values_is_drawn_in_the_order_the_grid_gave(tmp_path):
+    """Issue 34: the variants come along the axis, in the table and in the legend as the user listed them in
+    --grid, which the sweep's manifest keeps (open_results), not sorted by name."""
+    from sim.explore.report.sweep_report import sweep_figures as _sweep_figures
+    from sim.explore.sweep import expand_grid, open_results
+
+    variant = "engine.variant"
+    listed = ["pr504", "pre-504"]  # as typed: by name, pre-504 would come first
+    points = expand_grid(PER_CLASS, [f"{variant}={','.join(listed)}"])
+    out = tmp_path / "sweep"
+    open_results(out, points, resume=False)
+    assert json.loads((out / "manifest.json").read_text())["values"] == {variant: listed}
+    frame = pd.DataFrame({variant: ["pre-504", "pr504"], "decode_tok_s": [0.9, 25.0], "error": [None] * 2})
+    figures = dict(_sweep_figures(out, frame))
+    assert list(figures["decode_tok_s sweep"].data[0].x) == listed
+    assert list(figures["Points"].data[0].cells.values[0]) == listed
+
+
 def test_what_changed_most_known_answer():
     """By hand: the cache's per-value means are (10 + 12) / 2 = 11 and (30 + 31) / 2 = 30.5 (a 19.5 tok/s range),
     the reserve's (10 + 30) / 2 = 20 and (12 + 31) / 2 = 21.5 (1.5); the hit rate is the same everywhere. The

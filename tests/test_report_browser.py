@@ -166,9 +166,12 @@ def test_png_decoder_known_image():
 
 PLOTS_JS = """return Array.from(document.querySelectorAll('div.expertsim-plot')).map(function (gd) {
   var drawn = gd.querySelector('svg.main-svg'), box = drawn ? drawn.getBoundingClientRect() : {width: 0, height: 0};
+  var rows = 0;  // the bottom of a table's last drawn row
+  gd.querySelectorAll('rect.cell-rect').forEach(function (c) { rows = Math.max(rows, c.getBoundingClientRect().bottom); });
   return {id: gd.id, plotly: gd.classList.contains('js-plotly-plot'), traces: gd.data ? gd.data.length : -1,
           width: box.width, height: box.height, canvas: gd.querySelectorAll('canvas').length,
-          marks: gd.querySelectorAll('g.trace, g.hm, g.table').length};
+          marks: gd.querySelectorAll('g.trace, g.hm, g.table').length, done: gd.dataset.drawn === '1',
+          below_rows: rows ? box.bottom - rows : null};
 });"""
 
 
@@ -201,12 +204,14 @@ def _check_page(driver, results, page):
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(driver, RENDER_TIMEOUT_S).until(
-        lambda d: all(p["plotly"] and p["width"] > 0 for p in d.execute_script(PLOTS_JS)))
+        lambda d: all(p["plotly"] and p["width"] > 0 and p["done"] for p in d.execute_script(PLOTS_JS)))
     plots = driver.execute_script(PLOTS_JS)
     assert [p["id"] for p in plots] == [f"fig-{i}" for i in range(len(figures))]
     assert [p["traces"] for p in plots] == expected
     for p in plots:
         assert p["width"] > 0 and p["height"] > 0 and p["marks"] > 0, p
+        # issue 34: no empty band under a table: its figure ends at its last row and the 20 px bottom margin
+        assert p["below_rows"] is None or 0 <= p["below_rows"] <= 24, p
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
     requests = [json.loads(e["message"])["message"] for e in driver.get_log("performance")]

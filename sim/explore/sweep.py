@@ -12,9 +12,9 @@ string) or `start:stop:step` (numbers, stop included). Where the schema expects 
 variables, variant, hardware, model...) a value is kept as the text typed. Every point is the scenario's TOML
 data with its overrides applied, loaded through `load_scenario`'s own checks.
 
-Results folder: manifest.json (base scenario hash, grids) and points/ID.parquet, one row per finished point,
-written atomically (tmp + rename) as soon as the point finishes, so an interrupted sweep loses nothing and
-`resume=True` skips every point already on disk. A point file that does not read back as one row of its point
+Results folder: manifest.json (base scenario hash, grids, each key's values in grid order) and points/ID.parquet,
+one row per finished point, written atomically (tmp + rename) as soon as the point finishes, so an interrupted
+sweep loses nothing and `resume=True` skips every point already on disk. A point file that does not read back as one row of its point
 (damaged by a full disk, or by hand) is recomputed on resume, and skipped with its name by `load_sweep`. A point's
 ID hashes its overrides and the base scenario hash. A point that fails records its error (one line) and the sweep
 goes on; `retry_failed=True` with `resume=True` computes the failed points again.
@@ -309,20 +309,26 @@ def open_results(out: Path, points: list[Point], resume: bool) -> tuple[dict[str
         if done and not resume:
             raise InputError(str(out), "output", str(out),
                              f"holds {len(done)} points of this sweep already: pass --resume to continue it")
-        grids = manifest.get("grids", [])
+        grids, values = manifest.get("grids", []), manifest.get("values", {})
     else:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise InputError(str(out), "output", str(out), "not empty and not a sweep results folder "
                                                            "(no manifest.json)")
-        done, grids = {}, []
+        done, grids, values = {}, [], {}
     keys = sorted({k for p in points for k in p.overrides})
     if keys not in grids:
         grids = [*grids, keys]
+    # each key's values in the order the grids gave them (points come in grid order): a report draws a text
+    # dimension (variants) in this order, not the alphabet's
+    for key in keys:
+        values[key] = list(dict.fromkeys([*values.get(key, []),
+                                          *(str(p.overrides[key]) for p in points if key in p.overrides)]))
     try:
         point_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(str(out), "output", str(out), f"cannot create: {exc.strerror}") from None
-    manifest = {"schema": SCHEMA, "scenario": scenario, "base_scenario_hash": base_hash, "grids": grids}
+    manifest = {"schema": SCHEMA, "scenario": scenario, "base_scenario_hash": base_hash, "grids": grids,
+                "values": values}
     _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
     return read_points(out) if done else ({}, [])
 

@@ -141,13 +141,23 @@ def load_routing(results: str | Path):
     return trace, Geometry(n_layers, n_experts, expert_bytes, class_of_layer, class_bytes)
 
 
+def _manifest(results: Path) -> dict:
+    try:
+        return json.loads((results / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raise InputError(str(results), "manifest.json", str(results / "manifest.json"), "unreadable") from None
+
+
+def grid_values(results: Path) -> dict[str, list[str]]:
+    """Each grid key's values as text, in the order the sweep's grids gave them (empty for a sweep written
+    before expertsim kept them)."""
+    return _manifest(results).get("values", {})
+
+
 def sweep_dims(results: Path, frame: pd.DataFrame) -> list[str]:
     """The grid keys of the sweep's manifest.json, in the grids' order, whose value varies over the rows of
     `frame` (the sweep's points)."""
-    try:
-        manifest = json.loads((results / "manifest.json").read_text())
-    except (OSError, ValueError):
-        raise InputError(str(results), "manifest.json", str(results / "manifest.json"), "unreadable") from None
+    manifest = _manifest(results)
     keys: list[str] = []
     for grid in manifest.get("grids", []):
         keys += [k for k in grid if k not in keys]

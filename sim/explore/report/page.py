@@ -61,11 +61,21 @@ def _page(title: str, figures: list[tuple[str, object]], loader: str, summary: s
         parts.append(f"<h2>{html_lib.escape(name)}</h2><div id=\"fig-{i}\" class=\"expertsim-plot\"></div>"
                      f"<script type=\"application/json\" class=\"expertsim-figure\" id=\"fig-{i}-spec\">"
                      f"{_script_json(spec)}</script>")
+    # A table figure is sized in Python for its rows with slack for wrapped text (table_size); once drawn, it is
+    # cut to the rows plotly drew, so no empty band follows it. Each figure is then marked data-drawn.
     parts.append("<script type=\"text/javascript\">var template=JSON.parse("
                  "document.getElementById('expertsim-template').textContent);"
+                 "function fitTable(gd){if(gd.data.length&&gd.data[0].type==='table'){"
+                 "var top=gd.getBoundingClientRect().top,bottom=0;"
+                 "gd.querySelectorAll('rect.cell-rect').forEach(function(c){var r=c.getBoundingClientRect();"
+                 "if(r.height>0){bottom=Math.max(bottom,r.bottom);}});"
+                 "var want=Math.ceil(bottom-top+gd._fullLayout.margin.b);"
+                 "if(bottom>0&&want<gd._fullLayout.height-4){return Plotly.relayout(gd,{height:want});}}"
+                 "return gd;}"
                  "document.querySelectorAll('script.expertsim-figure').forEach(function(el){"
                  "var s=JSON.parse(el.textContent);if(template&&!s.layout.template){s.layout.template=template;}"
-                 "Plotly.newPlot(el.id.slice(0,-5),s.data,s.layout,{responsive:true,displaylogo:false});});"
+                 "Plotly.newPlot(el.id.slice(0,-5),s.data,s.layout,{responsive:true,displaylogo:false})"
+                 ".then(fitTable).then(function(){document.getElementById(el.id.slice(0,-5)).dataset.drawn='1';});});"
                  "</script></body></html>\n")
     return "\n".join(parts)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.explore.report.inputs import sweep_dims
+from sim.explore.report.inputs import grid_values, sweep_dims
 from sim.explore.report.labels import (cell_text, dimension_name, dimension_title, is_rate, metric_title, table_size,
                                        value_format, with_unit)
 
@@ -27,10 +27,17 @@ def _numeric(series: pd.Series) -> bool:
     return pd.to_numeric(series, errors="coerce").notna().all()
 
 
-def _sorted_by(frame: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
-    """Rows in grid order: by each dimension in turn, numbers by value (2048 before 10240), text as text."""
-    keys = {d: pd.to_numeric(frame[d], errors="coerce") if _numeric(frame[d]) else frame[d].astype(str)
-            for d in dims}
+def _sorted_by(frame: pd.DataFrame, dims: list[str], given: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """Rows in grid order: by each dimension in turn, numbers by value (2048 before 10240), text in the order the
+    grid gave it (`given`, the manifest's) and as text where the grid's order is not known."""
+    def key(d: str) -> pd.Series:
+        if _numeric(frame[d]):
+            return pd.to_numeric(frame[d], errors="coerce")
+        text = frame[d].astype(str)
+        order = {v: i for i, v in enumerate((given or {}).get(d, []))}
+        return text.map(lambda v: (order.get(v, len(order)), v))
+
+    keys = {d: key(d) for d in dims}
     if not keys:
         return frame
     return frame.assign(**{f"_sort_{i}": k for i, k in enumerate(keys.values())}) \
@@ -54,14 +61,14 @@ def _slider(names: list[str], per_value: int) -> dict:
     return {"active": 0, "currentvalue": {"prefix": "at "}, "steps": steps, "pad": {"t": 50}}
 
 
-def _successful(frame: pd.DataFrame, dims: list[str]) -> pd.DataFrame:
-    """The points without an error, in grid order, numeric grid values as numbers (flags and environment values
-    are kept as text: "9472" -> 9472)."""
+def _successful(frame: pd.DataFrame, dims: list[str], given: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """The points without an error, in grid order (`_sorted_by`), numeric grid values as numbers (flags and
+    environment values are kept as text: "9472" -> 9472)."""
     ok = (frame[frame["error"].isna()] if "error" in frame else frame).copy()
     for d in dims:
         if _numeric(ok[d]):
             ok[d] = pd.to_numeric(ok[d])
-    return _sorted_by(ok, dims)
+    return _sorted_by(ok, dims, given)
 
 
 def _plotted_metrics(ok: pd.DataFrame) -> list[str]:
@@ -108,11 +115,12 @@ def sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object]
     import plotly.graph_objects as go
 
     dims = order_dims(sweep_dims(results, frame), frame)
-    ok = _successful(frame, dims)
+    given = grid_values(results)
+    ok = _successful(frame, dims, given)
     figures: list[tuple[str, object]] = []
     table_cols = list(dict.fromkeys(c for c in (*dims, *SWEEP_METRICS, "decode_hit_rate", "cache_slots", "error")
                                     if c in frame.columns))
-    shown = _sorted_by(frame, dims)
+    shown = _sorted_by(frame, dims, given)
     # grid keys by their short name and unit, metrics by their column name with each value in its unit
     figures.append(("Points", go.Figure(go.Table(
         header={"values": [dimension_title(c) if c in dims else c for c in table_cols]},
