@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,10 @@ from hypothesis import strategies as st
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def expertsim(*args, check=True):
+def expertsim(*args, check=True, cwd=None):
     env = {**os.environ, "COLUMNS": "120"}
-    proc = subprocess.run([sys.executable, "-m", "sim", *map(str, args)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "sim", *map(str, args)], capture_output=True, text=True, env=env,
+                          cwd=cwd)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -439,6 +441,7 @@ def decode_only_trace(tmp_path_factory):
 
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+GENERIC_CSV = str(Path(__file__).resolve().parents[1] / "traces" / "fixtures" / "generic.csv")
 
 
 @pytest.mark.parametrize("args", [
@@ -501,14 +504,15 @@ def test_outputs_are_not_overwritten_without_force(tmp_path, small_trace):
 
 # --- tables fit the terminal: numbers whole at any width, rows whole when piped --------------------
 
-def _in_a_terminal(columns: int, *args) -> str:
-    """stdout of the command attached to a pseudo-terminal `columns` wide, as a user at a shell sees it."""
+def _in_a_terminal(columns: int, *args, cwd=None, stderr_too=False) -> str:
+    """stdout of the command attached to a pseudo-terminal `columns` wide, as a user at a shell sees it (and its
+    stderr, with `stderr_too`, on a terminal that draws live lines: rich draws none on a "dumb" one)."""
     import pty
 
     controller, terminal = pty.openpty()
-    env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "dumb"}
-    proc = subprocess.Popen([sys.executable, "-m", "sim", *map(str, args)], stdout=terminal, stderr=subprocess.PIPE,
-                            env=env)
+    env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm" if stderr_too else "dumb"}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", *map(str, args)], stdout=terminal,
+                            stderr=terminal if stderr_too else subprocess.PIPE, env=env, cwd=cwd)
     os.close(terminal)
     shown = _read_until_closed(controller)
     assert proc.wait(timeout=60) == 0
@@ -538,6 +542,81 @@ def test_a_narrow_terminal_never_cuts_a_number(columns):
     assert "…" not in shown
     for row in rows:
         assert f"{row['budget']:,}" in shown and f"{row['decode_hit']:.4f}" in shown
+
+
+# Every command of the README that prints a table (bench and calibrate aside: bench --quick runs a minute, calibrate
+# needs a GPU; both print through the same layout). {out} is a folder of the run's own, {trace} a small generated
+# trace; both relative to the test's folder, where the commands run (a pytest path is longer than 80 columns).
+README_TABLE_COMMANDS = {
+    "demo": ["demo"],
+    "trace gen": ["trace", "gen", "--preset", "deepseek-v4-flash-q2-q4", "--prompt-tokens", "64", "--decode-tokens",
+                  "16", "--seed", "1", "-o", "{out}/g.parquet"],
+    "trace import": ["trace", "import", GENERIC_CSV, "-o", "{out}/i.parquet"],
+    "trace stats": ["trace", "stats", "t.parquet"],
+    "cache": ["cache", "t.parquet", "--policy", "lru", "--scope", "class", "--slots", "9472"],
+    "cache --mrc": ["cache", "t.parquet", "--scope", "layer", "--mrc"],
+    "run": ["run", SCENARIO_DIR / "ds4-504-per-class.toml", "-o", "{out}/run"],
+    "run replay": ["run", SCENARIO_DIR / "replay-qwen3.8-lru.toml"],
+    "run --uncertainty": ["run", SCENARIO_DIR / "ds4-504-per-class.toml", "--uncertainty", "2", "--workers", "1"],
+    "sweep": ["sweep", SCENARIO_DIR / "ds4-504-per-class.toml", "--grid",
+              "engine.flags.ssd-streaming-cache-experts=2048,4096", "-o", "{out}/sweep"],
+    "plan": ["plan", SCENARIO_DIR / "strata-658-borrow.toml", "--constraint", "vram_free_mib>=1536"],
+    "hardware list": ["hardware", "list"],
+    "hardware show": ["hardware", "show", "rtx-4090"],
+    "hardware init": ["hardware", "init", "rtx-pro-6000-96gb", "--set", "gpu.vram_gib=48", "-o",
+                      "{out}/hardware/what-if-48gb.toml"],
+    "scenario init": ["scenario", "init", "--model", "deepseek-v4-flash-q2-q4", "--hardware", "rtx-4090", "-o",
+                      "{out}/mine.toml"],
+    "model list": ["model", "list"],
+    "model show": ["model", "show", "deepseek-v4-flash-q2-q4"],
+    "validate": ["validate", "--case", "D1"],
+}
+_BOX_DRAWING = re.compile(r"[\u2500-\u257f]+")
+_STYLE = re.compile(r"\x1b\[[0-9;]*m")  # rich resets the style at a terminal, even a dumb one
+_LEFT_OUT_NOTE = re.compile(r"\(\d+ more columns?: ([^;]*); --wide shows them\)")
+
+
+def _words(text: str) -> set[str]:
+    return set(_BOX_DRAWING.sub(" ", _LEFT_OUT_NOTE.sub(" ", " ".join(text.split()))).split())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("name", README_TABLE_COMMANDS)
+def test_every_table_of_the_readme_fits_80_columns_and_keeps_every_word_whole(name, tmp_path):
+    """Issue 34: at an 80-column terminal every line fits, and every word and number shown is one the piped
+    output (one line per row, nothing cut) has whole: no path in 6-character pieces, no header split mid-word."""
+    if "t.parquet" in README_TABLE_COMMANDS[name]:
+        expertsim("trace", "gen", "--preset", "deepseek-v4-flash-q2-q4", "--prompt-tokens", 256, "--decode-tokens",
+                  64, "--seed", 1, "-o", tmp_path / "t.parquet")
+
+    def command(folder):
+        (tmp_path / folder).mkdir()
+        return [str(a).replace("{out}", folder) for a in README_TABLE_COMMANDS[name]]
+
+    piped = expertsim(*command("piped"), cwd=tmp_path).stdout
+    shown = _STYLE.sub("", _in_a_terminal(80, *command("terminal"), cwd=tmp_path).replace("\r\n", "\n"))
+    too_wide = [line for line in shown.splitlines() if len(line) > 80]
+    assert not too_wide, too_wide
+    whole = _words(piped.replace("piped", "terminal"))
+    assert _words(shown) <= whole, sorted(_words(shown) - whole)[:20]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("name", ["trace gen", "trace stats", "cache", "cache --mrc", "run", "validate"])
+def test_a_long_command_shows_what_it_is_doing_at_a_terminal_and_nothing_in_json(name, tmp_path):
+    """Issue 34: the commands that may run for more than a few seconds keep a live line on stderr (the stage, its
+    time): at a terminal only, never with --json, and never on stdout."""
+    expertsim("trace", "gen", "--preset", "deepseek-v4-flash-q2-q4", "--prompt-tokens", 256, "--decode-tokens", 64,
+              "--seed", 1, "-o", tmp_path / "t.parquet")
+    args = [str(a).replace("{out}", "out") for a in README_TABLE_COMMANDS[name]]
+    (tmp_path / "out").mkdir()
+    shown = _in_a_terminal(80, *args, cwd=tmp_path, stderr_too=True)
+    assert f"expertsim {name.split(' --')[0]}" in shown, shown[-400:]
+    quiet = _in_a_terminal(80, *args, "--json", *(["--force"] if "-o" in args else []), cwd=tmp_path,
+                           stderr_too=True)
+    assert "expertsim" not in quiet.split("{", 1)[0], quiet[:400]  # nothing before the JSON
+    piped = expertsim(*args, *(["--force"] if "-o" in args else []), cwd=tmp_path)
+    assert f"expertsim {name.split(' --')[0]}" not in piped.stderr + piped.stdout
 
 
 def test_a_piped_table_keeps_each_row_on_one_line():
@@ -682,7 +761,6 @@ def test_a_cold_kernel_cache_says_it_is_compiling_once_and_a_warm_one_says_nothi
 # What each command needs besides the option under test, so that the option's value is what is judged. A command
 # with a number option and no entry here fails the fuzz test below: a new option is covered the day it is added.
 SCENARIO_ARG = str(Path(__file__).resolve().parents[1] / "scenarios" / "ds4-504-per-class.toml")
-GENERIC_CSV = str(Path(__file__).resolve().parents[1] / "traces" / "fixtures" / "generic.csv")
 NUMBER_OPTION_CONTEXT = {
     "sweep": ["sweep", SCENARIO_ARG, "--grid", "engine.flags.prefill-chunk=2048,4096", "-o", "{tmp}/sweep"],
     "plan": ["plan", SCENARIO_ARG],

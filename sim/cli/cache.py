@@ -8,7 +8,9 @@ from typing import Optional
 import numpy as np
 import typer
 
-from sim.cli.common import app, flag, print_json, show, table
+from sim.cli.common import app, flag, print_json, wide_option
+from sim.cli.progress import working
+from sim.cli.tables import show, table
 from sim.cli.inputs import layout_for
 from sim.errors import InputError
 from sim.units import GIB
@@ -44,33 +46,30 @@ def cache(
     profile: Optional[Path] = typer.Option(None, help="ranked rank,layer,expert CSV for --policy static"),
     mrc: bool = flag("--mrc", help="print the exact LRU miss-ratio curve (one pass)"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Replay a trace through an expert cache: hit rate, misses, direct loads and bytes."""
-    from sim.cache.replay import Geometry, capacity_pools, lru_mrc, mrc_exact, parse_slots, read_profile, replay
+    from sim.cache.replay import Geometry, lru_mrc, mrc_exact
     from sim.trace.format import read_trace
 
-    trace = read_trace(trace_path)
-    layout = layout_for(model, trace.header.model)
-    geometry = Geometry.of(trace, layout, str(trace_path))
-    unsized = None if layout is not None else _unsized_note(trace.header.model)
+    with working("cache", quiet=as_json) as live:
+        live.stage("reading the trace")
+        trace = read_trace(trace_path)
+        layout = layout_for(model, trace.header.model)
+        geometry = Geometry.of(trace, layout, str(trace_path))
+        unsized = None if layout is not None else _unsized_note(trace.header.model)
+        if mrc:
+            if not mrc_exact(policy, prefill_mode):
+                raise InputError("cache", "--mrc", f"{policy}/{prefill_mode}",
+                                 "the one-pass curve is exact for an evicting LRU only")
+            live.stage("one pass for every capacity")
+            curve = lru_mrc(trace, geometry, scope)
+        else:
+            scope, result = _replay(trace, geometry, policy, scope, slots_per_layer, slots, prefill_mode, profile,
+                                    live)
     if mrc:
-        if not mrc_exact(policy, prefill_mode):
-            raise InputError("cache", "--mrc", f"{policy}/{prefill_mode}",
-                             "the one-pass curve is exact for an evicting LRU only")
-        _print_mrc(lru_mrc(trace, geometry, scope), trace, as_json, unsized)
+        _print_mrc(curve, trace, as_json, wide, unsized)
         return
-    scope, pool_keys = capacity_pools(geometry, policy, scope)
-    if (slots_per_layer is None) == (slots is None):
-        raise InputError("cache", "--slots-per-layer/--slots", "both" if slots else "neither",
-                         "give exactly one capacity")
-    if slots_per_layer is not None:
-        if scope != "layer":
-            raise InputError("cache", "--slots-per-layer", slots_per_layer, f"needs --scope layer, not {scope}")
-        capacity = parse_slots(slots_per_layer, geometry.n_layers, "--slots-per-layer")
-    else:
-        capacity = parse_slots(slots, len(pool_keys), "--slots")
-    ranking = read_profile(profile, geometry) if profile is not None else None
-    result = replay(trace, geometry, policy, scope, capacity, prefill_mode, ranking)
     summary = result.summary()
     summary["load_gib"] = _gib(summary["load_bytes"])
     tables = {name: frame.to_dict(orient="records") for name, frame in
@@ -83,14 +82,35 @@ def cache(
         return
     shown = {k: v for k, v in summary.items() if k not in ("trace_sha256",)}
     show(table(f"{trace_path}: {policy}, scope {scope}",
-               [{"key": k, "value": v} for k, v in shown.items()], ["key", "value"]))
+               [{"key": k, "value": v} for k, v in shown.items()], ["key", "value"]), wide=wide)
     for name, rows in tables.items():
-        show(table(name.replace("_", " "), rows))
+        show(table(name.replace("_", " "), rows), wide=wide)
     if unsized:
         typer.echo(unsized, err=True)
 
 
-def _print_mrc(curve, trace, as_json: bool, unsized: str | None) -> None:
+def _replay(trace, geometry, policy: str, scope: str, slots_per_layer: str | None, slots: str | None,
+            prefill_mode: str, profile: Path | None, live):
+    """The --slots or --slots-per-layer capacity checked against the scope, then the replay: (the scope the policy
+    replays, its result)."""
+    from sim.cache.replay import capacity_pools, parse_slots, read_profile, replay
+
+    scope, pool_keys = capacity_pools(geometry, policy, scope)
+    if (slots_per_layer is None) == (slots is None):
+        raise InputError("cache", "--slots-per-layer/--slots", "both" if slots else "neither",
+                         "give exactly one capacity")
+    if slots_per_layer is not None:
+        if scope != "layer":
+            raise InputError("cache", "--slots-per-layer", slots_per_layer, f"needs --scope layer, not {scope}")
+        capacity = parse_slots(slots_per_layer, geometry.n_layers, "--slots-per-layer")
+    else:
+        capacity = parse_slots(slots, len(pool_keys), "--slots")
+    ranking = read_profile(profile, geometry) if profile is not None else None
+    live.stage(f"replaying {policy}, scope {scope}")
+    return scope, replay(trace, geometry, policy, scope, capacity, prefill_mode, ranking)
+
+
+def _print_mrc(curve, trace, as_json: bool, wide: bool, unsized: str | None) -> None:
     frame = curve.curve()
     if unsized:
         frame[[c for c in BYTE_COLUMNS if c in frame.columns]] = None
@@ -103,6 +123,6 @@ def _print_mrc(curve, trace, as_json: bool, unsized: str | None) -> None:
         # every capacity is in the JSON; the table shows a log-spaced sample
         picks = np.unique(np.geomspace(1, len(part) - 1, 16).astype(int)) if len(part) > 2 else np.arange(len(part))
         rows += part.iloc[picks].to_dict(orient="records")
-    show(table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows))
+    show(table(f"LRU miss-ratio curve, scope {curve.scope} (per class; bytes = slots x expert bytes)", rows), wide=wide)
     if unsized:
         typer.echo(unsized, err=True)

@@ -1,15 +1,12 @@
-"""The typer app, its command groups, and what every command uses: the --force option, printing JSON or tables
-on stdout, and the exit codes. The commands register themselves on these apps from the other sim.cli modules."""
+"""The typer app, its command groups, and what every command uses: the --force and --wide options, printing JSON
+on stdout, and the exit codes. Tables: sim.cli.tables. The commands register themselves on these apps from the
+other sim.cli modules."""
 
 from __future__ import annotations
 
-import re
 import sys
 
-import numpy as np
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from sim.outputs import dumps
 
@@ -25,8 +22,6 @@ app.add_typer(model_app, name="model")
 scenario_app = typer.Typer(no_args_is_help=True, help="Scenarios: write a commented starting scenario.")
 app.add_typer(scenario_app, name="scenario")
 
-_NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?")
-PIPED_WIDTH = 10_000  # columns of a table written to a pipe or file: never cut, one line per row for grep and awk
 EXIT_BAD_INPUT = 2
 # The ranges of the command line's counts, given to typer as min/max (a value outside is a usage error naming the
 # option and its range; a huge one overflowed a C integer with a traceback). Seeds: numpy's and the generator's
@@ -62,38 +57,11 @@ def force_option():
     return flag("--force", help="replace output files that already exist")
 
 
+def wide_option():
+    return flag("--wide", help="print every table whole, each column at its full width, even past the terminal's "
+                               "edge (a narrow terminal otherwise turns or trims a wide table and says what it left "
+                               "out)")
+
+
 def print_json(payload) -> None:
     sys.stdout.write(dumps(payload, indent=2) + "\n")
-
-
-def show(*renderables) -> None:
-    """Print to stdout as it is now (a test runner or a notebook may have replaced it): at the terminal's width
-    with cells folded where they must, and when piped at a width that never cuts a row."""
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else PIPED_WIDTH)
-    console.print(*renderables)
-
-
-def table(title: str, rows: list[dict], columns: list[str] | None = None) -> Table:
-    columns = columns or (list(rows[0]) if rows else [])
-    cells = [[format_cell(row.get(c)) for c in columns] for row in rows]
-    rendered = Table(title=title, title_justify="left")
-    for i, c in enumerate(columns):
-        numbers = [r[i] for r in cells if _NUMBER.fullmatch(r[i])]
-        # a narrow terminal folds text inside its cell ("fold", not "…") and never splits a number: a number
-        # column is at least as wide as its widest number
-        filled = [r[i] for r in cells if r[i]]
-        rendered.add_column(c, overflow="fold", min_width=max(map(len, numbers), default=None),
-                            justify="right" if filled and len(numbers) == len(filled) else "left")
-    for r in cells:
-        rendered.add_row(*r)
-    return rendered
-
-
-def format_cell(value) -> str:
-    if isinstance(value, (float, np.floating)):
-        if np.isnan(value):
-            return "-"
-        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return f"{int(value):,}"
-    return "" if value is None else str(value)

@@ -12,7 +12,9 @@ import typer
 from rich.console import Console
 
 from sim.cli.common import (EXIT_POINTS_FAILED, MAX_SAMPLES, MAX_SEED, MAX_WORKERS, app, flag, force_option,
-                            format_cell, print_json, show, table)
+                            print_json, wide_option)
+from sim.cli.tables import format_cell, show, table
+from sim.cli.progress import working
 from sim.cli.signals import Interrupted
 from sim.engines import ENGINES
 from sim.outputs import claim_file, claim_folder
@@ -45,6 +47,7 @@ def sweep(
     workers: Optional[int] = typer.Option(None, min=1, max=MAX_WORKERS,
                                           help="worker processes (default: the CPU count)"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Run a scenario over a grid of settings; each point's headline metrics go to a Parquet dataset."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
@@ -103,7 +106,7 @@ def sweep(
             r["error"] = "..." + r["error"][-57:]
     show(table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
                f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
-               shown, [*short.values(), *columns]))
+               shown, [*short.values(), *columns]), wide=wide)
     for path in result.damaged:
         show(f"damaged point file {path}: recomputed")
     for path in result.left_damaged:
@@ -122,12 +125,15 @@ def plan(
     grid: list[str] = typer.Option([], "--grid", help="KEY=v1,v2,... candidates in place of the defaults"),
     workers: int = typer.Option(1, min=1, max=MAX_WORKERS, help="processes to run the candidates on"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Recommend an engine's cache, reserve, prefill and buffer settings for a scenario, with the numbers why."""
     from sim.explore.plan import NoFeasiblePlan, make_plan
 
     try:
-        result = make_plan(scenario_path, objective, constraint, grid or None, workers=workers)
+        with working("plan", quiet=as_json) as live:
+            live.stage("running the candidates")
+            result = make_plan(scenario_path, objective, constraint, grid or None, workers=workers)
     except NoFeasiblePlan as exc:
         if as_json:
             print_json({**exc.plan.as_dict(), "error": str(exc)})
@@ -142,7 +148,7 @@ def plan(
          + (f" subject to {', '.join(payload['constraints'])}" if payload["constraints"] else "")
          + f" ({len(result.candidates)} candidates)")
     show(table("recommended", [{"key": k, "value": v, "scenario": result.base_settings.get(k)}
-                               for k, v in payload["recommended"].items()], ["key", "value", "scenario"]))
+                               for k, v in payload["recommended"].items()], ["key", "value", "scenario"]), wide=wide)
     for line in payload["explanations"]:
         show(f"- {line}")
 
@@ -160,6 +166,7 @@ def validate(
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="the samples' seed"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print the record as JSON only"),
+    wide: bool = wide_option(),
 ):
     """Simulate every published measurement (scenarios/validation/) and compare: predicted, measured, error."""
     from sim.explore.validate import (REPLAY_SPREAD_FILE, drivers_text, effect_text, error_text, load_cases,
@@ -168,7 +175,9 @@ def validate(
     if output is not None:
         claim_folder(output, force, "--output")
     cases = load_cases(case or None)
-    record = validate_cases(cases, workers=workers, uncertainty=uncertainty, seed=seed)
+    with working("validate", quiet=as_json) as live:
+        live.stage("the cases' runs")
+        record = validate_cases(cases, workers=workers, uncertainty=uncertainty, seed=seed, progress=live.count)
     if output is not None:
         record["files"] = write_record(record, output)
     if as_json:
@@ -197,9 +206,10 @@ def validate(
                f"({t['ratio_rows_wrong_sign']} of the wrong sign); {t['prediction_rows_within']} of "
                f"{t['prediction_rows_judged']} prediction figures within tolerance", shown,
                ["case", "role", "figure", "predicted", "measured", "effect predicted / measured", "error", "ok",
-                *(["p10-p90", "why not in band", "what moves the effect"] if uncertainty else []), "out of domain"]))
+                *(["p10-p90", "why not in band", "what moves the effect"] if uncertainty else []), "out of domain"]),
+         wide=wide)
     show(table(f"GPU copy replay per machine: median relative error per step (recorded on H200s, "
-               f"{REPLAY_SPREAD_FILE.name})", replay_table(record["gpu_replay"])))
+               f"{REPLAY_SPREAD_FILE.name})", replay_table(record["gpu_replay"])), wide=wide)
 
 
 class PlotlyJs(str, Enum):

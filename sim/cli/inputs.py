@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import flag, force_option, hardware_app, model_app, print_json, scenario_app, show, table
+from sim.cli.common import flag, force_option, hardware_app, model_app, print_json, scenario_app, wide_option
+from sim.cli.tables import show, table
 from sim.engines import ENGINES
 from sim.errors import InputError
 from sim.outputs import claim_file
@@ -17,7 +18,8 @@ ENGINE_NAMES = tuple(ENGINES)
 
 
 @hardware_app.command("list")
-def hardware_list(as_json: bool = flag("--json", help="print JSON only")):
+def hardware_list(as_json: bool = flag("--json", help="print JSON only"),
+                  wide: bool = wide_option()):
     """Every hardware profile a scenario can name from here (./hardware, ./scenarios/hardware, upward, then
     expertsim's own)."""
     from sim.hardware import find_profiles, load_hardware_file, profile_summary
@@ -33,12 +35,13 @@ def hardware_list(as_json: bool = flag("--json", help="print JSON only")):
         return
     show(table("hardware profiles (vram_gib: none for unified memory; ssd_gbps at the deepest queue)", rows,
                ["name", "os", "memory", "vram_gib", "ram_gib", "ssd_gbps", "h2d_pinned_gbps", "calibrated", "path",
-                *(["error"] if any("error" in r for r in rows) else [])]))
+                *(["error"] if any("error" in r for r in rows) else [])]), wide=wide)
 
 
 @hardware_app.command("show")
 def hardware_show(profile: str = typer.Argument(..., metavar="PROFILE", help="a profile name or a .toml path"),
-                  as_json: bool = flag("--json", help="print JSON only")):
+                  as_json: bool = flag("--json", help="print JSON only"),
+                  wide: bool = wide_option()):
     """One profile's figures, each with its unit and source (and its range where it is an estimate)."""
     from sim.hardware import load_hardware, profile_figures, profile_summary
 
@@ -47,7 +50,8 @@ def hardware_show(profile: str = typer.Argument(..., metavar="PROFILE", help="a 
     if as_json:
         print_json({"summary": summary, "figures": figures})
         return
-    show(table(f"{summary['name']} ({summary['path']})", figures, ["key", "value", "unit", "source", "range"]))
+    show(table(f"{summary['name']} ({summary['path']})", figures, ["key", "value", "unit", "source", "range"]),
+         wide=wide)
 
 
 @hardware_app.command("init")
@@ -61,6 +65,7 @@ def hardware_init(
     name: Optional[str] = typer.Option(None, "--name", help="the copy's name (default: the output file's name)"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """A copy of a hardware profile with fields changed, its comments kept and its calibration path rebased."""
     from sim.scaffold import write_hardware
@@ -72,7 +77,7 @@ def hardware_init(
         return
     rows = [{"key": k, "value": written[k]} for k in ("path", "name", "base", "calibration", "scenario_names_it")]
     rows[3:3] = [{"key": "--set", "value": f"{k} = {v}"} for k, v in written["changed"].items()]
-    show(table(f"hardware profile written: {written['path']}", rows, ["key", "value"]))
+    show(table(f"hardware profile written: {written['path']}", rows, ["key", "value"]), wide=wide)
 
 
 def layout_for(model: Optional[str], trace_model: str):
@@ -89,7 +94,8 @@ def layout_for(model: Optional[str], trace_model: str):
 
 
 @model_app.command("list")
-def model_list(as_json: bool = flag("--json", help="print JSON only")):
+def model_list(as_json: bool = flag("--json", help="print JSON only"),
+               wide: bool = wide_option()):
     """Every model preset a scenario can name (a .gguf file can be named too): its geometry and expert bytes."""
     from sim.model.presets import PRESETS, preset_names
 
@@ -105,12 +111,13 @@ def model_list(as_json: bool = flag("--json", help="print JSON only")):
     # 80 columns: the MTP layers are in `model show`
     show(table("model presets (GiB: all routed experts; model show NAME: more)",
                [{**row, "GiB": row["expert_gib"]} for row in rows], ["name", "layers", "experts", "top_k", "classes",
-                                                                      "GiB"]))
+                                                                      "GiB"]), wide=wide)
 
 
 @model_app.command("show")
 def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model preset name or a .gguf file"),
-               as_json: bool = flag("--json", help="print JSON only")):
+               as_json: bool = flag("--json", help="print JSON only"),
+               wide: bool = wide_option()):
     """A model's routed-expert layout: layers, experts, top-k, and per size class the bytes of one expert."""
     layout = layout_for(model, "")
     described = layout.describe()
@@ -119,8 +126,8 @@ def model_show(model: str = typer.Argument(..., metavar="MODEL", help="a model p
         return
     show(table(f"{described['name']}: {described['source']}",
                [{"key": k, "value": v} for k, v in described.items() if k not in ("size_classes", "source", "name")],
-               ["key", "value"]))
-    show(table("size classes (one cache per class in ds4 since PR #504)", described["size_classes"]))
+               ["key", "value"]), wide=wide)
+    show(table("size classes (one cache per class in ds4 since PR #504)", described["size_classes"]), wide=wide)
 
 
 @scenario_app.command("init")
@@ -140,6 +147,7 @@ def scenario_init(
     output: Path = typer.Option(..., "-o", "--output", help="scenario TOML to write"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Write a commented starting scenario for a model on a machine: the engine's defaults, each line explained."""
     from sim.scaffold import write_scenario
@@ -160,6 +168,6 @@ def scenario_init(
             *({"key": "changed", "value": f"{k} = {v['value']}: {v['why']}"}
               for k, v in written["room_for_a_cache"].items()),
             {"key": "next", "value": f"expertsim run {written['path']} -o OUT"}]
-    show(table(f"scenario written: {written['path']}", rows, ["key", "value"]))
+    show(table(f"scenario written: {written['path']}", rows, ["key", "value"]), wide=wide)
     if written["warning"]:
         show(f"warning: {written['warning']}")

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import app, flag, force_option, print_json, show, table
+from sim.cli.common import app, flag, force_option, print_json, wide_option
+from sim.cli.tables import show, table
 from sim.outputs import claim_file
 
 
@@ -19,6 +20,7 @@ def bench(
     scenario: Optional[list[Path]] = typer.Option(None, "--scenario", metavar="FILE",
                                                   help="time this scenario file instead of the seeds (repeatable)"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Speed and memory of the cache core against the targets (rows: name, value, unit, target)."""
     from sim.explore.bench import run_bench
@@ -30,7 +32,7 @@ def bench(
     if as_json:
         print_json(rows)
         return
-    show(table("expertsim bench", rows, ["name", "value", "unit", "target", "met"]))
+    show(table("expertsim bench", rows, ["name", "value", "unit", "target", "met"]), wide=wide)
 
 
 @app.command()
@@ -53,6 +55,7 @@ def calibrate(
     tune: bool = flag("--tune/--no-tune", default=True, help="tune the gather kernel's launch shape first"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Measure copy costs on this GPU (D2D, H2D pinned/mapped, D2H; per-call latency, sync) and fit the model."""
     from sim.calibrate import api
@@ -70,7 +73,7 @@ def calibrate(
         host = "" if drift is None else f"; host probe {100 * drift:+.1f} % against the calibration's"
         show(table(f"replay of {replay} on {report['gpu']} (calibration: {report['calibration']['gpu']}, "
                    f"{report['calibration']['status']}, {report['repeats']} runs a step{host}); goal "
-                   f"{report['goal']}", report["summary"]))
+                   f"{report['goal']}", report["summary"]), wide=wide)
         return
     if from_samples is not None:
         result = api.refit(from_samples, output)
@@ -83,10 +86,11 @@ def calibrate(
         print_json({"file": result["file"], **{k: v for k, v in record.items() if k != "samples"}})
         return
     tables = api.report_rows(record)
-    show(table(f"calibration {result['file'] or '(not written)'}", tables["summary"], ["key", "value"]))
-    show(table("fitted cost model (us, GB/s) and relative fit error", tables["parameters"]))
+    show(table(f"calibration {result['file'] or '(not written)'}", tables["summary"], ["key", "value"]), wide=wide)
+    show(table("fitted cost model (us, GB/s) and relative fit error", tables["parameters"]), wide=wide)
     if tables["speed"]:
-        show(table("speed", tables["speed"], ["name", "value", "unit", "target", "met", "detail"]))
+        show(table("speed", tables["speed"], ["name", "value", "unit", "target", "met", "detail"]), wide=wide)
     if tables["engine_vs_gather"]:
-        show(table("the engines' way (ce_sync) vs the gather kernel, per step", tables["engine_vs_gather"]))
-    show(table("hardware-profile fields these numbers stand for", tables["simulator_profile"], ["key", "value"]))
+        show(table("the engines' way (ce_sync) vs the gather kernel, per step", tables["engine_vs_gather"]), wide=wide)
+    show(table("hardware-profile fields these numbers stand for", tables["simulator_profile"], ["key", "value"]),
+         wide=wide)

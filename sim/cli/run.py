@@ -7,8 +7,9 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import (MAX_SAMPLES, MAX_SEED, MAX_WORKERS, app, flag, force_option, format_cell,
-                            print_json, show, table)
+from sim.cli.common import MAX_SAMPLES, MAX_SEED, MAX_WORKERS, app, flag, force_option, print_json, wide_option
+from sim.cli.progress import working
+from sim.cli.tables import format_cell, show, table
 from sim.engines import ENGINES
 from sim.errors import InputError
 from sim.outputs import claim_file, claim_folder
@@ -19,6 +20,7 @@ def run(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="folder for summary, steps and copy plan"),
     as_json: bool = flag("--json", help="print the summary as JSON only"),
+    wide: bool = wide_option(),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
                                             help="write the run's timeline as a Chrome/Perfetto trace (JSON)"),
     uncertainty: int = typer.Option(0, "--uncertainty", min=0, max=MAX_SAMPLES, metavar="N",
@@ -49,11 +51,14 @@ def run(
         raise InputError(str(scenario_path), "--perfetto", str(perfetto), f"{engine.description} has no timeline")
     if uncertainty and not engine.timed:
         raise InputError(str(scenario_path), "--uncertainty", uncertainty, f"{engine.description} reads no hardware")
-    result = run_scenario(scenario)
+    with working("run", quiet=as_json) as live:
+        live.stage("simulating" if engine.timed else "replaying")
+        result = run_scenario(scenario)
+        if uncertainty:
+            live.stage(f"{uncertainty} uncertainty samples")
+            result.summary["uncertainty"] = _uncertainty(scenario_path, scenario, uncertainty, seed, workers, data)
     if overrides:
         result.summary["provenance"]["settings"] = overrides  # the scenario hash covers them too
-    if uncertainty:
-        result.summary["uncertainty"] = _uncertainty(scenario_path, scenario, uncertainty, seed, workers, data)
     if output is not None:
         result.summary["files"] = write_results(result, output)
     if perfetto is not None:
@@ -71,9 +76,9 @@ def run(
     title = (f"{s['engine']} {s['variant']} on {s['hardware']}, {s['model']}" if engine.timed else
              f"{s['provenance']['command_line']}, {s['model']} (cache only)")
     show(table(f"{scenario_path}: {title}", [{"key": k, "value": s[k]} for k in engine.headline or METRICS if k in s],
-               ["key", "value"]))
+               ["key", "value"]), wide=wide)
     for name in engine.summary_tables:
-        show(table(name.replace("_", " "), s[name]))
+        show(table(name.replace("_", " "), s[name]), wide=wide)
     for notice in s["engine_state"].get("notices", []):
         show(f"engine: {notice}")
     for warning in s.get("out_of_domain", []):
@@ -85,13 +90,13 @@ def run(
         show(table(f"under uncertainty: {u['n']} samples of {len(u['inputs'])} estimated inputs "
                    f"({u['failed_samples']} failed)",
                    [{"key": k, **{q: b[q] for q in ("p10", "median", "p90")}} for k, b in u["bands"].items()
-                    if b["n"] and k in s], ["key", "p10", "median", "p90"]))
+                    if b["n"] and k in s], ["key", "p10", "median", "p90"]), wide=wide)
         metric = "decode_tok_s" if s.get("decode_tok_s") else "prefill_tok_s"
         top = rank_sensitivity(u["sensitivity"], metric)[:8]
         show(table(f"what moves {metric} most: each input alone at the ends of its range",
                    [{"input": r["input"], "range": f"{format_cell(r['low'])}-{format_cell(r['high'])}",
                      "at low": r[f"{metric}@low"], "at high": r[f"{metric}@high"]} for r in top],
-                   ["input", "range", "at low", "at high"]))
+                   ["input", "range", "at low", "at high"]), wide=wide)
 
 
 def _uncertainty(scenario_path: Path, scenario, n: int, seed: int, workers: Optional[int], data: dict | None) -> dict:
@@ -107,15 +112,18 @@ def _uncertainty(scenario_path: Path, scenario, n: int, seed: int, workers: Opti
 
 
 @app.command()
-def demo(as_json: bool = flag("--json", help="print JSON only")):
+def demo(as_json: bool = flag("--json", help="print JSON only"),
+         wide: bool = wide_option()):
     """ds4 PR #504 in miniature: one slab vs per-size-class caches on the mixed q2/q4 DeepSeek-V4-Flash."""
     from sim.explore.demo import run_demo
 
-    result = run_demo()
+    with working("demo", quiet=as_json) as live:
+        live.stage("replaying five caches")
+        result = run_demo()
     if as_json:
         print_json(result)
         return
     show(result["title"])
-    show(table(result["table_title"], result["rows"]))
+    show(table(result["table_title"], result["rows"]), wide=wide)
     for line in result["notes"]:
         show(line)

@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from sim.cli.common import flag, force_option, print_json, show, table, trace_app
+from sim.cli.common import flag, force_option, print_json, trace_app, wide_option
+from sim.cli.progress import working
+from sim.cli.tables import show, table
 from sim.errors import InputError
 from sim.outputs import claim_file
 
@@ -29,11 +31,11 @@ def _trace_summary(trace, output: Path) -> dict:
             "missing_cells": int(trace.missing_cells().sum()), "sha256": trace.sha256()}
 
 
-def _report_written(summary: dict, as_json: bool, title: str = "trace written") -> None:
+def _report_written(summary: dict, as_json: bool, wide: bool, title: str = "trace written") -> None:
     if as_json:
         print_json(summary)
     else:
-        show(table(title, [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]))
+        show(table(title, [{"key": k, "value": v} for k, v in summary.items()], ["key", "value"]), wide=wide)
 
 
 @trace_app.command("import")
@@ -45,14 +47,18 @@ def trace_import(
     model: Optional[str] = typer.Option(None, help="model preset name the trace belongs to"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Convert a routing log into an expertsim trace."""
     from sim.trace.importers import import_trace
 
     claim_file(output, force, "--output")
-    trace = import_trace(file, fmt, n_experts=n_experts, model=model)
-    _write_trace(trace, output)
-    _report_written(_trace_summary(trace, output), as_json)
+    with working("trace import", quiet=as_json) as live:
+        live.stage(f"reading {file.name}")
+        trace = import_trace(file, fmt, n_experts=n_experts, model=model)
+        live.stage(f"writing {output.name}")
+        _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json, wide)
 
 
 @trace_app.command("gen")
@@ -71,6 +77,7 @@ def trace_gen(
                                             "layers (1 = uniform), for presets with a generic popularity"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Generate a synthetic trace that reproduces measured routing statistics (the preset's, or yours)."""
     from sim.trace.generate import generate_trace
@@ -78,9 +85,12 @@ def trace_gen(
     claim_file(output, force, "--output")
     statistics = {k: v for k, v in (("reuse_decode", reuse_decode), ("reuse_prefill", reuse_prefill),
                                     ("entropy", entropy)) if v is not None}
-    trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests, statistics or None)
-    _write_trace(trace, output)
-    _report_written(_trace_summary(trace, output), as_json)
+    with working("trace gen", quiet=as_json) as live:
+        live.stage(f"generating {requests:,} x {prompt_tokens + decode_tokens:,} tokens")
+        trace = generate_trace(preset, prompt_tokens, decode_tokens, seed, requests, statistics or None)
+        live.stage(f"writing {output.name}")
+        _write_trace(trace, output)
+    _report_written(_trace_summary(trace, output), as_json, wide)
 
 
 @trace_app.command("record")
@@ -94,6 +104,7 @@ def trace_record(
     requests: int = typer.Option(1),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Record router top-k per layer from a transformers MoE model (needs expertsim[record])."""
     from sim.trace.record import record_trace
@@ -102,29 +113,34 @@ def trace_record(
     trace = record_trace(model, prompt=prompt, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
                          seed=seed, requests=requests)
     _write_trace(trace, output)
-    _report_written(_trace_summary(trace, output), as_json)
+    _report_written(_trace_summary(trace, output), as_json, wide)
 
 
 @trace_app.command("stats")
 def trace_stats_cmd(
     trace_path: Path = typer.Argument(..., metavar="TRACE"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Routing statistics: reuse per layer, entropy, skew, prefill unions, co-activation."""
     from sim.trace.format import read_trace
     from sim.trace.stats import trace_stats
 
-    stats = trace_stats(read_trace(trace_path))
+    with working("trace stats", quiet=as_json) as live:
+        live.stage("reading the trace")
+        trace = read_trace(trace_path)
+        live.stage("measuring reuse, skew, unions and co-activation")
+        stats = trace_stats(trace)
     if as_json:
         print_json(stats)
         return
     show(table(f"{trace_path}", [{"statistic": k, "value": v} for k, v in stats["summary"].items()],
-               ["statistic", "value"]))
-    show(table("per layer", stats["per_layer"]))
-    show(table("prefill union vs chunk length", stats["prefill_union"]))
+               ["statistic", "value"]), wide=wide)
+    show(table("per layer", stats["per_layer"]), wide=wide)
+    show(table("prefill union vs chunk length", stats["prefill_union"]), wide=wide)
     for part, values in (stats.get("coactivation") or {}).items():
         rows = [{"statistic": k, "value": v} for k, v in values.items() if not isinstance(v, (list, dict))]
-        show(table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]))
+        show(table(f"co-activation ({part.replace('_', ' ')})", rows, ["statistic", "value"]), wide=wide)
 
 
 @trace_app.command("hotlist")
@@ -133,6 +149,7 @@ def trace_hotlist_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="rank,layer,expert CSV to write"),
     force: bool = force_option(),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """A popularity-ordered (layer, expert) list in ds4's hotlist format, from a profiling run's trace: for
     DS4_METAL_STREAMING_EXPERT_HOTLIST and `cache --policy static --profile`."""
@@ -151,7 +168,7 @@ def trace_hotlist_cmd(
         raise InputError(str(output), "output", str(output), f"cannot write: {exc.strerror}") from None
     summary = {"output": str(output), "pairs": len(keys), "of": trace.header.n_layers * trace.header.n_experts,
                "tokens": trace.n_rows, "trace_sha256": trace.sha256()}
-    _report_written(summary, as_json, "hotlist written")
+    _report_written(summary, as_json, wide, "hotlist written")
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -174,6 +191,7 @@ def trace_locality_cmd(
     pool: str = typer.Option("layer", help="layer: a cache per layer; shared: one cache over all layers"),
     within: str = typer.Option("1,2,4,8,16,32,64", help="token distances d of 'reused within d tokens'"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """Locality as expert-cache studies measure it: LRU hit rates under a protocol, reuse within d tokens,
     and the routed mass of the hottest (layer, expert) pairs."""
@@ -190,19 +208,20 @@ def trace_locality_cmd(
     lru = out["lru"]
     show(table(f"{trace_path}: LRU ({pool} pool, rows {rows}, cold {cold}, {keys_per_expert} key(s) per expert)",
                [{"slots": c, "hit_rate": h} for c, h in zip(lru["capacities"], lru["hit_rate"])],
-               ["slots", "hit_rate"]))
+               ["slots", "hit_rate"]), wide=wide)
     show(table("reused within d tokens", [{"d": d, "share": v} for d, v in
                                           zip(out["reuse_within"]["distances"], out["reuse_within"]["share"])],
-               ["d", "share"]))
+               ["d", "share"]), wide=wide)
     show(table("hottest pairs", [{"fraction": f, "pairs": n, "share": v} for f, n, v in
                                  zip(*(out["hot_pairs"][k] for k in ("fractions", "pairs", "share")))],
-               ["fraction", "pairs", "share"]))
+               ["fraction", "pairs", "share"]), wide=wide)
 
 
 @trace_app.command("check-generator")
 def trace_check_generator(
     preset: str = typer.Option(..., help="generator preset"),
     as_json: bool = flag("--json", help="print JSON only"),
+    wide: bool = wide_option(),
 ):
     """The preset's generated routing against the published locality figures it was fitted to or is checked
     against (each re-measured on traces generated the way the study ran its model)."""
@@ -214,4 +233,4 @@ def trace_check_generator(
         return
     show(table(f"{preset}: generated vs measured", [{k: r[k] for k in ("target", "size", "measured", "generated",
                                                                        "error", "tolerance", "within", "fit")}
-                                                    for r in rows]))
+                                                    for r in rows]), wide=wide)

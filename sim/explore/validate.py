@@ -24,7 +24,7 @@ import re
 from contextlib import closing
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -256,10 +256,12 @@ def _case_row(case: Case) -> dict:
 
 
 def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", workers: int | None = None,
-                   uncertainty: int = 0, seed: int = 0) -> dict:
+                   uncertainty: int = 0, seed: int = 0,
+                   progress: Callable[[int, int], None] | None = None) -> dict:
     """Simulate every arm of the expressible cases (one runner call for all) and compare each measured figure.
     With `uncertainty` N, every arm is also run on N Latin-hypercube samples of its estimated inputs (the same
-    sample i in every arm of a case that runs on the same profile) and each figure gets its p10-p90 band."""
+    sample i in every arm of a case that runs on the same profile) and each figure gets its p10-p90 band.
+    `progress(done, of)` is called as each arm's run finishes."""
     from sim.scenario import load_scenario, scenario_hash
 
     points = {}
@@ -274,8 +276,12 @@ def validate_cases(cases: list[tuple[Path, Case]], executor: str = "processes", 
     if points:
         # the same point can be an arm of two cases: run it once
         unique = list({p.point_id: p for p in points.values()}.values())
+        found = {}
         with closing(run_points(unique, executor, workers, share_routing=True)) as finished:
-            found = {p.point_id: row for p, row in finished}
+            for p, row in finished:
+                found[p.point_id] = row
+                if progress is not None:
+                    progress(len(found), len(unique))
         rows_by_arm = {key: found[p.point_id] for key, p in points.items()}
     sampled: dict[tuple[str, str], list[dict]] = {}
     if uncertainty and points:

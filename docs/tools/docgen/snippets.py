@@ -98,14 +98,14 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`expertsim ARGV` in this process: (exit code, stdout, stderr)."""
 
     from sim import cli
-    from sim.cli import common
+    from sim.cli import tables
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    saved_argv, saved_width = sys.argv, common.PIPED_WIDTH
+    saved_argv, saved_width = sys.argv, tables.PIPED_WIDTH
     sys.argv = ["expertsim", *argv]
     # tables as a page can show them: the captured stdout is not a terminal, so the CLI prints at its piped
-    # width; a page's is narrower (cells fold, numbers stay whole)
-    common.PIPED_WIDTH = CONSOLE_WIDTH
+    # width; a page's is narrower: a wide table is turned or trimmed as at a 100-column terminal
+    tables.PIPED_WIDTH = CONSOLE_WIDTH
     code = 0
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -114,7 +114,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        sys.argv, common.PIPED_WIDTH = saved_argv, saved_width
+        sys.argv, tables.PIPED_WIDTH = saved_argv, saved_width
     return code, stdout.getvalue(), stderr.getvalue()
 
 
