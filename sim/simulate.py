@@ -3,6 +3,8 @@ run writes: sim/results.py)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -50,15 +52,19 @@ def extent_bytes(layout) -> np.ndarray:
     return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
 
 
-def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_plan: bool = True) -> RunResult:
+def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_plan: bool = True,
+                 stage: Callable[[str], None] = lambda name: None) -> RunResult:
     """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures.
-    Without `copy_plan` the result's copies frame is empty (the summary is the same: tests/test_workload.py)."""
+    Without `copy_plan` the result's copies frame is empty (the summary is the same: tests/test_workload.py).
+    `stage(name)` is told each step as it starts: "routing", "simulating", "results" (a command's live line)."""
     engine = engine_of(scenario)
     if engine.timed:
         # the engine's start-up refusals (a GPU too small for what comes before the cache) before the routing is
         # built: generating a long prompt's routing took ~40 s of a run that was then refused
         engine.plan_memory(scenario)
+    stage("routing")
     routing = workload_routing(scenario)
+    stage("simulating" if engine.timed else "replaying")
     recorder = Recorder(copy_plan=copy_plan)
     if not engine.timed:  # no machine and no clock: the engine only counts
         state = engine.process(scenario, routing, recorder, None, None).state()
@@ -84,6 +90,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_p
     timings: list[dict] = []
     env.process(process.serve(env, timings))
     env.run()
+    stage("results")
     steps, copies, timing = recorder.step_frame(), recorder.copy_frame(), pd.DataFrame(timings)
     measured = scenario.measured[-1] if scenario.measured else len(timings) - 1
     m = timing.iloc[measured]

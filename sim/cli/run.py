@@ -52,8 +52,7 @@ def run(
     if uncertainty and not engine.timed:
         raise InputError(str(scenario_path), "--uncertainty", uncertainty, f"{engine.description} reads no hardware")
     with working("run", quiet=as_json) as live:
-        live.stage("simulating" if engine.timed else "replaying")
-        result = run_scenario(scenario)
+        result = run_scenario(scenario, stage=live.stage)
         if uncertainty:
             live.stage(f"{uncertainty} uncertainty samples")
             result.summary["uncertainty"] = _uncertainty(scenario_path, scenario, uncertainty, seed, workers, data)

@@ -296,6 +296,87 @@ def million_prompt_rows() -> list[dict]:
     return rows
 
 
+# Issue 34: Ctrl-C ends a long command within a second: a 1,000,000-token run in its routing (the generator stops
+# at its next block of rows) and in its simulation (the SimPy loop, between events), a 1,000,000-token `trace gen`,
+# and a sweep (its points saved, the resume command printed). Each command runs in a pseudo-terminal, where its
+# live line names the stage it is in; SIGINT comes INTERRUPT_AFTER_S into the stage, and the row is the wall time
+# from the signal to the process's exit (exit 130 with "expertsim: interrupted" to be met).
+INTERRUPT_LIMIT_S = 1.0
+INTERRUPT_AFTER_S = 2.0
+INTERRUPTED_SCENARIO = "ds4-504-per-class"
+
+
+def interrupt_rows() -> list[dict]:
+    import pty
+
+    from sim.engines import ENGINES
+
+    path = Path(__file__).resolve().parents[2] / "scenarios" / f"{INTERRUPTED_SCENARIO}.toml"
+    if not path.is_file() or not hasattr(pty, "openpty"):
+        return []
+    million = ["--set", f"workload.requests.0.prompt_tokens={MILLION_PROMPT_TOKENS}",
+               "--set", f"{ENGINES['ds4'].context_key}={2 ** 20}"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args, stage in (
+                ("run_1m_prompt", ["run", str(path), *million], "routing"),
+                ("run_1m_prompt", ["run", str(path), *million], "simulating"),
+                ("trace_gen_1m_prompt", ["trace", "gen", "--preset", TRACE_COMMAND_PRESET, "--prompt-tokens",
+                                         str(MILLION_PROMPT_TOKENS), "--decode-tokens", "1", "-o",
+                                         str(Path(tmp) / "million.parquet")], "generating"),
+                ("sweep_16_points", ["sweep", str(path), "--grid", "engine.flags.ssd-streaming-cache-experts="
+                                     "1024:8704:512", "-o", str(Path(tmp) / "sweep")], "sweep")):
+            seconds, code, shown = interrupted_in_a_terminal(args, stage)
+            one_line = code == 130 and "expertsim: interrupted" in shown
+            rows.append(_row(f"{name}_ctrl_c_in_{stage}", round(seconds, 3),
+                             f"s from SIGINT ({INTERRUPT_AFTER_S:.0f} s into '{stage}') to exit (exit {code}"
+                             f"{', the one line' if one_line else ', not the one line'})",
+                             f"< {INTERRUPT_LIMIT_S:.0f}", one_line and seconds < INTERRUPT_LIMIT_S))
+    return rows
+
+
+def interrupted_in_a_terminal(args: list[str], stage: str, signum: int = 2) -> tuple[float, int, str]:
+    """`expertsim ARGS` in a pseudo-terminal, sent `signum` (SIGINT) INTERRUPT_AFTER_S after its live line shows
+    `stage`: (seconds from the signal to its exit, its exit code, what the terminal showed)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    controller, terminal = pty.openpty()
+    child = subprocess.Popen([sys.executable, "-m", "sim", *map(str, args)], stdout=terminal, stderr=terminal,
+                             env={**os.environ, "TERM": "xterm"})
+    os.close(terminal)
+    shown = _read_pty(controller, until=stage.encode())
+    time.sleep(INTERRUPT_AFTER_S)
+    sent = time.perf_counter()
+    child.send_signal(signum)
+    shown += _read_pty(controller)
+    code = child.wait()
+    seconds = time.perf_counter() - sent
+    os.close(controller)
+    return seconds, code, shown.decode(errors="replace")
+
+
+def _read_pty(controller: int, until: bytes | None = None) -> bytes:
+    """What the terminal's command writes: until `until` appears, or (None) until the command closes it."""
+    import os
+    import select
+
+    shown = b""
+    while until is None or until not in shown:
+        if not select.select([controller], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the command ended and closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    return shown
+
+
 # The sweep benchmark (issue 5: >= 1.7x from 1 to 2 workers; issue 33: 1,000 points on 2 cores in < 60 s and
 # < 0.12 CPU s a point): the seed
 # scenario ds4-504-per-class over 10 cache budgets x 10 VRAM reserves x 10 prefill chunks, each point a full
@@ -403,7 +484,8 @@ def run_bench(decode_tokens: int = 100_000, sweeps: bool = False, quick: bool = 
         ("seed scenario runs" if scenarios is None else "scenario runs",
          lambda: _scenario_rows(timed, targets=scenarios is None))]
     if not quick:
-        groups += [("long prompts", long_prompt_rows), ("1,000,000-token prompts (memory)", million_prompt_rows)]
+        groups += [("long prompts", long_prompt_rows), ("1,000,000-token prompts (memory)", million_prompt_rows),
+                   ("Ctrl-C on a 1,000,000-token run, trace gen and a sweep", interrupt_rows)]
     if sweeps:
         groups += [("1,000-point sweep and 1 -> 2 worker speed-up", sweep_rows),
                    ("one-pass miss-ratio-curve sweep", mrc_sweep_rows)]
