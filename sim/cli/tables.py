@@ -71,9 +71,11 @@ def show(*items, wide: bool = False) -> None:
         if not isinstance(item, Table):
             console.print(item)
             continue
-        room = max(console.width, _table_width(item.full_widths())) if wide else console.width
-        for renderable in layout(item, room):
-            console.print(renderable, width=room)
+        if wide:  # a console as wide as the table: rich never prints wider than its console
+            room = max(console.width, _table_width(item.full_widths()))
+            console = Console(highlight=False, soft_wrap=not at_terminal, width=room)
+        for renderable in layout(item, console.width):
+            console.print(renderable)
 
 
 def layout(shown: Table, width: int) -> list:
