@@ -305,6 +305,9 @@ def test_cli_sweep_with_failed_points_exits_1_and_retry_failed_recomputes_only_t
     resumed = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True)
     payload = json.loads(resumed.stdout)
     assert resumed.returncode == 1 and payload["computed"] == 0 and payload["failed"] == 1  # not "failed: 0"
+    # issue 34: the table kept only the error's last 57 characters; its whole text is listed under the table
+    error = next(r["error"] for r in payload["rows"] if r["error"])
+    assert any(line.startswith("failed: ") and line.endswith(error) for line in first.stdout.splitlines())
     retried = subprocess.run([*cmd, "--resume", "--retry-failed", "--json"], capture_output=True, text=True)
     payload = json.loads(retried.stdout)
     assert retried.returncode == 1 and payload["computed"] == 1 and payload["resumed"] == 1 and payload["failed"] == 1

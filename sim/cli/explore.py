@@ -88,7 +88,7 @@ def sweep(
     metrics = [c for c in METRICS if c in frame]  # a folder of an older version may lack some
     rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", "wall_s"]]
                       .to_json(orient="records"))
-    failed = (f"expertsim: sweep: {len(result.failed)} of {total} points failed (their errors are in the table); "
+    failed = (f"expertsim: sweep: {len(result.failed)} of {total} points failed (their errors are under the table); "
               f"retry them with: {_command_again('--resume', '--retry-failed')}") if result.failed else None
     if as_json:
         print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
@@ -101,12 +101,12 @@ def sweep(
     short = {k: k.rsplit(".", 1)[-1] for k in keys}
     columns = COUNTS_SWEEP_COLUMNS if "hit_rate" in frame else SWEEP_COLUMNS
     shown = [{**{short[k]: r[k] for k in keys}, **{c: r.get(c) for c in columns}} for r in rows]
-    for r in shown:
-        if r["error"] and len(r["error"]) > 60:
-            r["error"] = "..." + r["error"][-57:]
     show(table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
                f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
                shown, [*short.values(), *columns]), wide=wide)
+    for r in rows:  # whole, under the table: a narrow terminal may leave the table's error column out
+        if r["error"]:
+            show(f"failed: {', '.join(f'{short[k]}={r[k]}' for k in keys)}: {r['error']}")
     for path in result.damaged:
         show(f"damaged point file {path}: recomputed")
     for path in result.left_damaged:
