@@ -310,12 +310,14 @@ def interrupt_rows() -> list[dict]:
     import pty
 
     from sim.engines import ENGINES
+    from sim.schema import read_toml
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / f"{INTERRUPTED_SCENARIO}.toml"
     if not path.is_file() or not hasattr(pty, "openpty"):
         return []
+    context_key = ENGINES[read_toml(path, str(path))["engine"]["name"]].context_key
     million = ["--set", f"workload.requests.0.prompt_tokens={MILLION_PROMPT_TOKENS}",
-               "--set", f"{ENGINES['ds4'].context_key}={2 ** 20}"]
+               "--set", f"{context_key}={2 ** 20}"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, args, stage in (
