@@ -618,6 +618,10 @@ def test_every_table_of_the_readme_fits_80_columns_and_keeps_every_word_whole(na
     too_wide = [line for line in shown.splitlines() if len(line) > 80]
     assert not too_wide, too_wide
     whole, words = _words(piped.replace("piped", "terminal")), _words(shown)
+    # a word wider than the terminal (hardware init's calibration path, relative from a deep temporary folder to
+    # the checkout) cannot stay whole at any layout: its pieces are not counted as cut words
+    too_wide_words = [w for w in whole if len(w) > 76]
+    words = {w for w in words if not any(w in long for long in too_wide_words)}
     if name == "bench":  # its timings differ from the piped run's: compared with each digit as "#" ("0.039" is
         # "#.###" either way; a number cut in two, "#,###," and "###", would not be a word of the piped output)
         whole, words = ({re.sub(r"\d", "#", w) for w in found} for found in (whole, words))
