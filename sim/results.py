@@ -67,7 +67,7 @@ def routing_table(scenario, routing, request: int):
         decode = np.concatenate([decode, r.mtp[: len(decode)]], axis=1)
     geometry = Geometry.of_layout(scenario.layout, decode.shape[1])
     prompt = r.prompt[:, :n_routed]
-    p_token, p_layer = np.nonzero(last_access_cells(prompt, n_experts))  # in order: token, then layer
+    p_token, p_layer = last_access_cells(prompt, n_experts)  # in order: token, then layer
     d_token, d_layer = np.nonzero(decode[:, :, 0] != MISSING)
     phase = np.r_[np.full(len(p_token), "prefill", object), np.full(len(d_token), "decode", object)]
     token, layer = np.r_[p_token, d_token], np.r_[p_layer, d_layer]

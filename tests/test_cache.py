@@ -419,7 +419,11 @@ def test_last_access_rows_keep_what_decode_hits_depend_on(data, capacity):
 
     experts, n_experts, prompt_rows = data
     prompt, decode = experts[:prompt_rows], experts[prompt_rows:]
-    assert (kernels.last_access_cells(prompt, n_experts) == brute_force_last_access_cells(prompt)).all()
+    cell_rows, cell_layers = kernels.last_access_cells(prompt, n_experts)
+    keep = np.zeros(prompt.shape[:2], bool)
+    keep[cell_rows, cell_layers] = True
+    assert (keep == brute_force_last_access_cells(prompt)).all()
+    assert (np.diff(cell_rows * prompt.shape[1] + cell_layers) > 0).all()  # each cell once, in (row, layer) order
     reduced = last_access_rows(prompt, n_experts)
     assert len(reduced) <= prompt.shape[1] * n_experts  # at most a row per key, whatever the prompt's length
 

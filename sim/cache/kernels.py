@@ -272,23 +272,32 @@ def key_counts(experts, n_experts, counts):
 
 @njit(cache=True, nogil=True)
 def last_access_cells(experts, n_experts):
-    """bool [rows, layers]: the (row, layer) cells that hold some key's last access in a [rows, layers, k]
-    block (missing cells never). One backward pass with a seen flag per key: memory per cell is one byte,
-    where an int64 key per access and a sort (np.unique) would take ~20 bytes per access."""
+    """(rows, layers) int64, ascending: the (row, layer) cells that hold some key's last access in a
+    [rows, layers, k] block (missing cells never). One backward pass with a seen flag per key, the cells written
+    from the end: a cell holds at least one key's last access, so there are at most layers x n_experts of them
+    and the memory is per key, not per token (a bool per cell was 43 MB of a million-token prompt's 43 layers)."""
     rows, layers, top_k = experts.shape
     seen = np.zeros(layers * n_experts, np.bool_)
-    keep = np.zeros((rows, layers), np.bool_)
+    cap = min(rows * layers, layers * n_experts)
+    out_row = np.empty(cap, np.int64)
+    out_layer = np.empty(cap, np.int64)
+    at = cap
     for r in range(rows - 1, -1, -1):
-        for layer in range(layers):
+        for layer in range(layers - 1, -1, -1):
             if experts[r, layer, 0] == 0xFFFF:
                 continue
             base = layer * n_experts
+            kept = False
             for j in range(top_k):
                 key = base + experts[r, layer, j]
                 if not seen[key]:
                     seen[key] = True
-                    keep[r, layer] = True
-    return keep
+                    kept = True
+            if kept:
+                at -= 1
+                out_row[at] = r
+                out_layer[at] = layer
+    return out_row[at:].copy(), out_layer[at:].copy()
 
 
 # --- Belady / OPT (MIN with bypass) ----------------------------------------------------------------

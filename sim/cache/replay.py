@@ -457,10 +457,10 @@ def last_access_rows(prompt: np.ndarray, n_experts: int) -> np.ndarray:
     it either way: an LRU the same recency order of the keys at the first decode token and the same set of
     keys, the Belady bound (decode_bound_hits) the same set of keys touched. It is at most one row per key
     and it is what lets a prompt of a million tokens be bounded in memory of the keys, not of the tokens."""
-    keep = kernels.last_access_cells(prompt, n_experts)
-    rows = np.flatnonzero(keep.any(axis=1))
-    reduced = prompt[rows]  # fancy indexing: a copy, writable even when prompt is read-only
-    reduced[~keep[rows]] = MISSING
+    cell_rows, cell_layers = kernels.last_access_cells(prompt, n_experts)
+    rows, row_of_cell = np.unique(cell_rows, return_inverse=True)
+    reduced = np.full((len(rows), *prompt.shape[1:]), MISSING, prompt.dtype)
+    reduced[row_of_cell, cell_layers] = prompt[cell_rows, cell_layers]
     return reduced
 
 
