@@ -538,18 +538,13 @@ def _in_a_terminal(columns: int, *args, cwd=None, stderr_too=False) -> str:
 
 
 def _read_until_closed(controller: int) -> str:
-    """Everything a pseudo-terminal's command writes, read from its controller end until the command ends."""
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # the terminal closed: the command ended
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    return b"".join(chunks).decode(errors="replace")
+    """Everything a pseudo-terminal's command writes until the command ends, the controller end closed after."""
+    from sim.explore.bench import read_pty
+
+    try:
+        return read_pty(controller).decode(errors="replace")
+    finally:
+        os.close(controller)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from sim.cli.common import (EXIT_POINTS_FAILED, MAX_SAMPLES, MAX_SEED, MAX_WORKERS, app, flag, force_option,
                             print_json, wide_option)
@@ -50,9 +49,6 @@ def sweep(
     wide: bool = wide_option(),
 ):
     """Run a scenario over a grid of settings; each point's headline metrics go to a Parquet dataset."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
     from sim.engines import extra_metrics
     from sim.explore.runner import METRICS
     from sim.explore.sweep import expand_grid, open_results, read_points, run_sweep
@@ -64,17 +60,11 @@ def sweep(
     options = dict(executor=executor, workers=workers, scheduler=scheduler, resume=resume, retry_failed=retry_failed,
                    opened=opened)
     try:
-        if as_json:
-            result = run_sweep(points, output, **options)
-        else:
-            with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True)) as bar:
-                task = bar.add_task("sweep", total=total)
-
-                def advance(row, finished, total):
-                    bar.update(task, completed=finished, total=total)
-
-                result = run_sweep(points, output, progress=advance, **options)
+        with working("sweep", quiet=as_json) as live:
+            live.stage("points")
+            live.count(0, total)
+            result = run_sweep(points, output, progress=lambda row, finished, of: live.count(finished, of),
+                               **options)
     except Interrupted as interrupt:
         saved = len(read_points(output)[0]) if points else 0
         typer.echo(f"expertsim: interrupted: {saved} of {total} points are saved in {output}; continue with: "

@@ -1,5 +1,5 @@
 """A live line on stderr while a command works: what it is doing, a count where it knows one, and the time so
-far ("expertsim run: simulating 0:00:12"). A 1M-token generation, a run or every validation case takes from
+far ("expertsim run: simulating 0:00:12"), and the time left where the count gives a rate. A 1M-token generation, a run or every validation case takes from
 seconds to minutes, and silence reads as a hang.
 
 Like the compile notice, it is for a terminal: with stderr piped to a file or a program, or with --json, the
@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.text import Text
 
 
@@ -23,6 +24,15 @@ class _Count(MofNCompleteColumn):
 
     def render(self, task) -> Text:
         return Text("") if task.total is None else super().render(task)
+
+
+class _Remaining(TimeRemainingColumn):
+    """"ETA 0:01:10" once a counted stage has a rate to go by, nothing where it has no count."""
+
+    def render(self, task) -> Text:
+        if task.total is None:
+            return Text("")
+        return Text.assemble("ETA ", super().render(task))
 
 
 class Stages:
@@ -49,6 +59,6 @@ def working(command: str, quiet: bool = False) -> Iterator[Stages]:
         yield Stages(command)
         return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                  _Count(), TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                  _Count(), TimeElapsedColumn(), _Remaining(), console=Console(stderr=True), transient=True,
                   redirect_stdout=False) as bar:  # stdout is the table's or the JSON's, never the live line's
         yield Stages(command, bar)

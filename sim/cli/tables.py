@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from rich.console import Console
@@ -33,11 +34,13 @@ class Table:
     columns: tuple[str, ...]
     cells: tuple[tuple[str, ...], ...]  # formatted, one tuple per row
 
+    @cached_property  # the layout asks for the widths more than once (fit, then the columns' share of the room)
     def least_widths(self) -> list[int]:
         """Each column's narrowest width that splits no word and no number: its longest word, header included."""
         return [max((len(word) for text in (name, *(row[i] for row in self.cells)) for word in text.split()),
                     default=1) for i, name in enumerate(self.columns)]
 
+    @cached_property
     def full_widths(self) -> list[int]:
         return [max(len(text) for text in (name, *(row[i] for row in self.cells))) for i, name in
                 enumerate(self.columns)]
@@ -72,7 +75,7 @@ def show(*items, wide: bool = False) -> None:
             console.print(item)
             continue
         if wide:  # a console as wide as the table: rich never prints wider than its console
-            room = max(console.width, _table_width(item.full_widths()))
+            room = max(console.width, _table_width(item.full_widths))
             console = Console(highlight=False, soft_wrap=not at_terminal, width=room)
         for renderable in layout(item, console.width):
             console.print(renderable)
@@ -81,12 +84,12 @@ def show(*items, wide: bool = False) -> None:
 def layout(shown: Table, width: int) -> list:
     """What to print for `shown` at `width` columns: its title, then rich tables and lines of text, none wider
     than `width`."""
-    least = shown.least_widths()
+    least = shown.least_widths
     if _table_width(least) <= width:
         return [shown.title, _rich(shown, width)]
     if len(shown.cells) <= TURN_AT_MOST_ROWS:
         turned = _on_its_side(shown)
-        if _table_width(turned.least_widths()) <= width:
+        if _table_width(turned.least_widths) <= width:
             return [shown.title, _rich(turned, width)]
     kept = [0]
     for i in range(1, len(shown.columns)):
@@ -120,7 +123,7 @@ def _rich(shown: Table, width: int) -> RichTable:
 def _column_widths(shown: Table, width: int) -> list[int]:
     """Every column at its least width, and the room left shared in proportion to what each lacks of its full
     width (all full widths where they fit)."""
-    least, full = shown.least_widths(), shown.full_widths()
+    least, full = shown.least_widths, shown.full_widths
     room = width - _table_width(least)
     lacking = [f - m for f, m in zip(full, least)]
     if sum(lacking) <= room:

@@ -349,19 +349,20 @@ def interrupted_in_a_terminal(args: list[str], stage: str, signum: int = 2) -> t
     child = subprocess.Popen([sys.executable, "-m", "sim", *map(str, args)], stdout=terminal, stderr=terminal,
                              env={**os.environ, "TERM": "xterm"})
     os.close(terminal)
-    shown = _read_pty(controller, until=stage.encode())
+    shown = read_pty(controller, until=stage.encode())
     time.sleep(INTERRUPT_AFTER_S)
     sent = time.perf_counter()
     child.send_signal(signum)
-    shown += _read_pty(controller)
+    shown += read_pty(controller)
     code = child.wait()
     seconds = time.perf_counter() - sent
     os.close(controller)
     return seconds, code, shown.decode(errors="replace")
 
 
-def _read_pty(controller: int, until: bytes | None = None) -> bytes:
-    """What the terminal's command writes: until `until` appears, or (None) until the command closes it."""
+def read_pty(controller: int, until: bytes | None = None) -> bytes:
+    """What the terminal's command writes: until `until` appears, or (None) until the command closes it (the
+    tests' terminal runs read with it too)."""
     import os
     import select
 
