@@ -193,11 +193,15 @@ class SharedBandwidth:
             self._reschedule()
 
     def _available(self, t: float) -> float:
+        if not self.reservations:  # the common case (no DMA in flight), without a generator's cost
+            return self.capacity
         reserved = sum(rate for start, end, rate in self.reservations if start <= t < end)
         return max(self.capacity - reserved, self.capacity * 1e-6)
 
     def _next_boundary(self, t: float) -> float:
         nxt = float("inf")
+        if not self.reservations:
+            return nxt
         for start, end, _ in self.reservations:
             if start > t:
                 nxt = min(nxt, start)
@@ -207,6 +211,8 @@ class SharedBandwidth:
 
     def _rates(self, available: float) -> list[float]:
         """Water-filling: each job its cap or an equal share of what the smaller caps leave."""
+        if len(self.jobs) == 1:
+            return [min(self.jobs[0][1], available)]
         left = available
         order = sorted(range(len(self.jobs)), key=lambda i: self.jobs[i][1])
         rates = [0.0] * len(self.jobs)

@@ -203,7 +203,7 @@ class PageCache:
         hit = np.zeros(len(keys), np.bool_)
         page_cache_access(keys, self.sizes, insert, self.prev, self.next, self.where, self.state,
                           self.inactive_share, hit)
-        n_hit = int(hit.sum())
+        n_hit = int(np.count_nonzero(hit))
         self.hits += n_hit
         self.misses += len(keys) - n_hit
         return hit

@@ -89,7 +89,7 @@ class Loads:
         resident, and the bytes the others read from the drive; the hits and misses counted."""
         keys = layer * self.layers.n_experts + experts.astype(np.int64)
         in_ram = self.m.page_cache.access(keys, insert=True)
-        n_miss = int((~in_ram).sum())
+        n_miss = len(keys) - int(np.count_nonzero(in_ram))
         self.page_cache_reads["hits"] += len(keys) - n_miss
         self.page_cache_reads["misses"] += n_miss
         return keys, in_ram, n_miss * int(self.layers.expert_bytes[layer])
