@@ -52,10 +52,12 @@ def extent_bytes(layout) -> np.ndarray:
     return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
 
 
-def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_plan: bool = True,
+def run_scenario(scenario, record_values: dict[str, float] | None = None, summary_only: bool = False,
                  stage: Callable[[str], None] = lambda name: None) -> RunResult:
     """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures.
-    Without `copy_plan` the result's copies frame is empty (the summary is the same: tests/test_workload.py).
+    `summary_only` (a sweep point, a validation arm): the result is read for its summary, so the copy rows and the
+    servers' busy intervals are not kept: its copies frame is empty and it has no links to write (the summary is
+    the same: tests/test_workload.py).
     `stage(name)` is told each step as it starts: "routing", "simulating", "results" (a command's live line)."""
     engine = engine_of(scenario)
     if engine.timed:
@@ -65,7 +67,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_p
     stage("routing")
     routing = workload_routing(scenario)
     stage("simulating" if engine.timed else "replaying")
-    recorder = Recorder(copy_plan=copy_plan)
+    recorder = Recorder(copy_plan=not summary_only)
     if not engine.timed:  # no machine and no clock: the engine only counts
         state = engine.process(scenario, routing, recorder, None, None).state()
         summary = {
@@ -86,6 +88,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_p
     domain = Domain(engine.name, scenario.layout.name, scenario.hardware_profile.name,
                     engine.context_tokens(scenario.engine), record_values)
     domain.use_profile(scenario.hardware_profile, scenario.compute_key)
+    machine.keep_busy_logs(not summary_only)
     process = engine.process(scenario, routing, recorder, machine, domain)
     timings: list[dict] = []
     env.process(process.serve(env, timings))
@@ -135,4 +138,4 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, copy_p
         "engine_state": state.detail,
         "provenance": provenance(scenario, routing.sha256, **state.provenance),
     }
-    return RunResult(summary, steps, copies, timing, tuple(servers), scenario, routing)
+    return RunResult(summary, steps, copies, timing, () if summary_only else tuple(servers), scenario, routing)

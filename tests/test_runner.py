@@ -79,7 +79,7 @@ def test_a_scheduler_without_the_dask_executor_is_refused(executor):
 def test_a_point_that_fails_at_run_time_records_one_line(monkeypatch):
     import sim.simulate as run_module
 
-    def boom(scenario, record_values=None, copy_plan=True):
+    def boom(scenario, record_values=None, summary_only=False):
         raise RuntimeError("the engine fell over\nin two lines")
 
     monkeypatch.setattr(run_module, "run_scenario", boom)

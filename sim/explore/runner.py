@@ -197,7 +197,7 @@ def evaluate(point: Point) -> dict:
     try:
         profile_values, record_values = split_values(point.profile_values or {})
         scenario = load_scenario_data(point.scenario_path, point.data, profile_values)
-        summary = run_scenario(scenario, record_values or None, copy_plan=False).summary  # a row needs no copy plan
+        summary = run_scenario(scenario, record_values or None, summary_only=True).summary  # a row is a summary's
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
         return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
     notices = list(dict.fromkeys(summary.get("notices", [])))

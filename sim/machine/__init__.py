@@ -142,8 +142,16 @@ class Machine:
     def threads(self, name: str, n: int = 1) -> Server:
         """A pool of n host threads of the engine (a FIFO server with n lanes)."""
         server = Server(self.env, name, lanes=n, host_thread=True)
+        server.whole_log = self.gpu.whole_log
         self._servers.append(server)
         return server
+
+    def keep_busy_logs(self, whole: bool) -> None:
+        """Whether the FIFO servers log every job (links.parquet, the report) or only their first, which is all a
+        run's summary reads of them: which servers worked (their totals are counted either way)."""
+        for server in self._servers:
+            if isinstance(server, Server):
+                server.whole_log = whole
 
     def memcpy(self, thread: Server, n_bytes: float, n_threads: int = 1, kind: str = "memcpy"):
         """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job
