@@ -131,13 +131,19 @@ class LRUCache:
         self.n_experts = n_experts
         self.n_keys = n_layers * n_experts
         self.state = kernels.lru_state(n_layers * n_experts, capacity)
+        self._capacity_view = self.state["capacity"].view()
+        self._capacity_view.flags.writeable = False
+        # access()'s arguments to the kernel that it never reads back, made once: an engine calls it for every
+        # layer step, and seven small arrays a call were a tenth of a ds4 slab run
+        self._step_layer = np.zeros(1, np.int64)
+        self._step_pools = np.zeros(n_layers, np.int64)  # only the step's layer entry is read
+        self._step_counts = np.zeros((n_layers, 2, 4), np.int64)  # the kernel adds to it; access() returns outcomes
+        self._step_phase = (np.ones(1, np.uint8), np.zeros(1, np.uint8))  # [mode == MODE_APPEND]: a prompt's phase
 
     @property
     def capacity(self) -> np.ndarray:
-        """Slots per pool (read-only view: change it with resize())."""
-        view = self.state["capacity"].view()
-        view.flags.writeable = False
-        return view
+        """Slots per pool (read-only view: change it with resize(), which writes the state's array in place)."""
+        return self._capacity_view
 
     def resize(self, pool: int, slots: int) -> None:
         """Give an empty pool a new slot count (an engine (re)allocating a cache of another size)."""
@@ -163,12 +169,10 @@ class LRUCache:
         outcome = np.empty(n, np.int8)
         slot = np.empty(n, np.int32)
         victim = np.empty(n, np.int64)
-        pool_of_layer = np.zeros(layer + 1, np.int64)
-        pool_of_layer[layer] = pool
-        counts = np.zeros((layer + 1, 2, 4), np.int64)
-        phase = np.full(1, 0 if mode == MODE_APPEND else 1, np.uint8)
-        kernels.lru_run(experts, phase, np.array([layer]), pool_of_layer, self.n_experts, mode,
-                        *self._arrays(), counts, outcome, slot, victim)
+        self._step_layer[0] = layer
+        self._step_pools[layer] = pool
+        kernels.lru_run(experts, self._step_phase[mode == MODE_APPEND], self._step_layer, self._step_pools,
+                        self.n_experts, mode, *self._arrays(), self._step_counts, outcome, slot, victim)
         return outcome, slot, victim
 
     def access_steps(self, layers: np.ndarray, experts: np.ndarray, pool_of_layer: np.ndarray,
