@@ -84,11 +84,10 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
         }
         return RunResult(summary, recorder.step_frame(), recorder.copy_frame(), pd.DataFrame())
     env = Environment()
-    machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout))
+    machine = Machine(env, scenario.hardware_profile, extent_bytes(scenario.layout), whole_logs=not summary_only)
     domain = Domain(engine.name, scenario.layout.name, scenario.hardware_profile.name,
                     engine.context_tokens(scenario.engine), record_values)
     domain.use_profile(scenario.hardware_profile, scenario.compute_key)
-    machine.keep_busy_logs(not summary_only)
     process = engine.process(scenario, routing, recorder, machine, domain)
     timings: list[dict] = []
     env.process(process.serve(env, timings))

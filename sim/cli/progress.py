@@ -1,6 +1,6 @@
-"""A live line on stderr while a command works: what it is doing, a count where it knows one, and the time so
-far ("expertsim run: simulating 0:00:12"), and the time left where the count gives a rate. A 1M-token generation, a run or every validation case takes from
-seconds to minutes, and silence reads as a hang.
+"""A live line on stderr while a command works: what it is doing, a count where it knows one, the time so far
+("expertsim run: simulating 0:00:12") and the time left where the count gives a rate. A 1M-token generation, a run
+or every validation case takes from seconds to minutes, and silence reads as a hang.
 
 Like the compile notice, it is for a terminal: with stderr piped to a file or a program, or with --json, the
 command prints no such line, and the line is gone from the screen when the command ends (stdout keeps only the

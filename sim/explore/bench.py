@@ -255,24 +255,30 @@ TRACE_COMMAND_LIMIT_BYTES = 2_000_000_000
 TRACE_COMMAND_PRESET = "qwen3.8-flash-next-iq3s"
 
 
-def million_prompt_rows() -> list[dict]:
-    if not Path("/proc/self/status").is_file():  # VmHWM is Linux's
-        return []
+def _million_prompt(path: Path) -> tuple[str, list[str]]:
+    """A seed scenario's engine, and the --set options that give it a 1,000,000-token prompt: the prompt, and the
+    engine's context (Engine.context_key) raised to hold it."""
     from sim.engines import ENGINES
     from sim.schema import read_toml
 
+    engine = read_toml(path, str(path))["engine"]["name"]
+    return engine, ["--set", f"workload.requests.0.prompt_tokens={MILLION_PROMPT_TOKENS}",
+                    "--set", f"{ENGINES[engine].context_key}={2 ** 20}"]
+
+
+def million_prompt_rows() -> list[dict]:
+    if not Path("/proc/self/status").is_file():  # VmHWM is Linux's
+        return []
     rows = []
     for name in MILLION_PROMPT_SCENARIOS:
         path = Path(__file__).resolve().parents[2] / "scenarios" / f"{name}.toml"
         if not path.is_file():
             continue
-        engine = read_toml(path, str(path))["engine"]["name"]
-        context_key = ENGINES[engine].context_key
+        engine, million = _million_prompt(path)
         with tempfile.TemporaryDirectory() as tmp:
             child_figures, seconds, cpu = _child_peak(
-                ["run", str(path), "-o", str(Path(tmp) / "run"), "--json",
-                 "--set", f"workload.requests.0.prompt_tokens={MILLION_PROMPT_TOKENS}",
-                 "--set", f"{context_key}={2 ** 20}"], f"run {path.name} (1M-token prompt)")
+                ["run", str(path), "-o", str(Path(tmp) / "run"), "--json", *million],
+                f"run {path.name} (1M-token prompt)")
         peak = child_figures["peak_kib"] * 1024  # /proc reports kB (KiB)
         routing_s = child_figures["routing_cpu_s"]
         rest_s = child_figures["run_cpu_s"] - routing_s  # the engine, the results and the command's own work
@@ -309,15 +315,10 @@ INTERRUPTED_SCENARIO = "ds4-504-per-class"
 def interrupt_rows() -> list[dict]:
     import pty
 
-    from sim.engines import ENGINES
-    from sim.schema import read_toml
-
     path = Path(__file__).resolve().parents[2] / "scenarios" / f"{INTERRUPTED_SCENARIO}.toml"
     if not path.is_file() or not hasattr(pty, "openpty"):
         return []
-    context_key = ENGINES[read_toml(path, str(path))["engine"]["name"]].context_key
-    million = ["--set", f"workload.requests.0.prompt_tokens={MILLION_PROMPT_TOKENS}",
-               "--set", f"{context_key}={2 ** 20}"]
+    _, million = _million_prompt(path)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, args, stage in (

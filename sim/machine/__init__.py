@@ -100,8 +100,11 @@ class Memory:
 class Machine:
     """One machine built from a hardware profile for one run (fresh state every run)."""
 
-    def __init__(self, env: simpy.Environment, profile, extent_bytes: np.ndarray):
+    def __init__(self, env: simpy.Environment, profile, extent_bytes: np.ndarray, whole_logs: bool = True):
+        """whole_logs: the FIFO servers log every job (links.parquet, the report), else only their first, which is
+        all a run's summary reads of them: which servers worked (their totals are counted either way)."""
         self.env, self.profile = env, profile
+        self.whole_logs = whole_logs
         rates = profile.copy_rates()
         self.rates = rates
         self.unified = profile.is_unified
@@ -109,16 +112,16 @@ class Machine:
         self.dram = SharedBandwidth(env, "host DRAM", profile.host.dram_bandwidth_gbps.value * 1e9)
         # a DMA over PCIe reads (or writes) host DRAM once per byte; a copy inside a unified pool does both
         traffic = 2.0 if self.unified else 1.0
-        self.gpu = Server(env, "GPU compute stream")
+        self.gpu = Server(env, "GPU compute stream", whole_log=whole_logs)
         self.h2d = Server(env, f"H2D copy engine ({link})", bytes_per_s=rates["h2d_pinned"],
                           op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic,
-                          pageable_bytes_per_s=rates["h2d_pageable"])
+                          pageable_bytes_per_s=rates["h2d_pageable"], whole_log=whole_logs)
         self.d2h = Server(env, f"D2H copy engine ({link})", bytes_per_s=rates["d2h_pinned"],
                           op_latency_s=rates["latency_s"], dram=self.dram, dram_traffic=traffic,
-                          pageable_bytes_per_s=rates["d2h_pageable"])
+                          pageable_bytes_per_s=rates["d2h_pageable"], whole_log=whole_logs)
         lat = profile.latency
         self.d2d = Server(env, "D2D copies", bytes_per_s=profile.d2d.copy_gbps.value * 1e9,
-                          op_latency_s=lat.memcpy_call_us.value * 1e-6)
+                          op_latency_s=lat.memcpy_call_us.value * 1e-6, whole_log=whole_logs)
         ssd = profile.ssd
         self.ssd = Ssd(env, "SSD", [(p.queue_depth, p.value * 1e9) for p in ssd.read_gbps_by_queue_depth],
                        ssd.read_request_kib.value * KIB, ssd.request_latency_us.value * 1e-6,
@@ -141,17 +144,9 @@ class Machine:
 
     def threads(self, name: str, n: int = 1) -> Server:
         """A pool of n host threads of the engine (a FIFO server with n lanes)."""
-        server = Server(self.env, name, lanes=n, host_thread=True)
-        server.whole_log = self.gpu.whole_log
+        server = Server(self.env, name, lanes=n, host_thread=True, whole_log=self.whole_logs)
         self._servers.append(server)
         return server
-
-    def keep_busy_logs(self, whole: bool) -> None:
-        """Whether the FIFO servers log every job (links.parquet, the report) or only their first, which is all a
-        run's summary reads of them: which servers worked (their totals are counted either way)."""
-        for server in self._servers:
-            if isinstance(server, Server):
-                server.whole_log = whole
 
     def memcpy(self, thread: Server, n_bytes: float, n_threads: int = 1, kind: str = "memcpy"):
         """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job

@@ -37,7 +37,7 @@ class Server:
 
     def __init__(self, env: simpy.Environment, name: str, lanes: int = 1, bytes_per_s: float = 0.0,
                  op_latency_s: float = 0.0, dram: "SharedBandwidth | None" = None, dram_traffic: float = 1.0,
-                 host_thread: bool = False, pageable_bytes_per_s: float = 0.0):
+                 host_thread: bool = False, pageable_bytes_per_s: float = 0.0, whole_log: bool = True):
         if lanes < 1:
             raise ValueError("a server needs at least one lane")
         self.env, self.name = env, name
@@ -51,7 +51,7 @@ class Server:
         self.log: list[tuple[float, float, int, int, str]] = []
         # False: the log keeps the first job only, which says the server was used (a run that writes no
         # links.parquet: a sweep point; building a tuple per job was ~8 % of its time)
-        self.whole_log = True
+        self.whole_log = whole_log
         # a copy engine reading or writing host DRAM takes dram_traffic x its rate of DRAM while a copy runs
         self.dram, self.dram_traffic = dram, dram_traffic
         # an engine's host thread: it waits on the devices as much as it works, so its busy time overlaps theirs
@@ -205,8 +205,6 @@ class SharedBandwidth:
 
     def _next_boundary(self, t: float) -> float:
         nxt = float("inf")
-        if not self.reservations:
-            return nxt
         for start, end, _ in self.reservations:
             if start > t:
                 nxt = min(nxt, start)
