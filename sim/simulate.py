@@ -41,10 +41,11 @@ def safe_rate(numerator: float, seconds: float) -> float:
     return float(numerator / seconds) if seconds > 0 else float("nan")
 
 
-def hit_rate(frame: pd.DataFrame) -> float | None:
-    """Hits per cache lookup; None where nothing was looked up (an engine without an expert cache)."""
-    lookups = frame["lookups"].sum()
-    return float(frame["hits"].sum() / lookups) if lookups else None
+def hit_rate(steps: dict[str, np.ndarray], rows: np.ndarray) -> float | None:
+    """Hits per cache lookup over these step rows (a mask); None where nothing was looked up (an engine without
+    an expert cache)."""
+    lookups = steps["lookups"][rows].sum()
+    return float(steps["hits"][rows].sum() / lookups) if lookups else None
 
 
 def extent_bytes(layout) -> np.ndarray:
@@ -56,8 +57,8 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
                  stage: Callable[[str], None] = lambda name: None) -> RunResult:
     """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures.
     `summary_only` (a sweep point, a validation arm): the result is read for its summary, so the copy rows and the
-    servers' busy intervals are not kept: its copies frame is empty and it has no links to write (the summary is
-    the same: tests/test_workload.py).
+    servers' busy intervals are not kept, and the steps are read for the summary but not made a frame: its steps
+    and copies frames are empty and it has no links to write (the summary is the same: tests/test_workload.py).
     `stage(name)` is told each step as it starts: "routing", "simulating", "results" (a command's live line)."""
     engine = engine_of(scenario)
     if engine.timed:
@@ -93,16 +94,16 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
     env.process(process.serve(env, timings))
     env.run()
     stage("results")
-    steps, copies, timing = recorder.step_frame(), recorder.copy_frame(), pd.DataFrame(timings)
+    steps, copies, timing = recorder.step_columns(), recorder.copy_frame(), pd.DataFrame(timings)
     measured = scenario.measured[-1] if scenario.measured else len(timings) - 1
     m = timing.iloc[measured]
-    mine = steps[steps["request"] == measured]
-    decode = mine[mine["phase"] == "decode"]
-    prefill = mine[mine["phase"] == "prefill"]
+    mine = steps["request"] == measured
+    decode = mine & (steps["phase"] == "decode")
+    prefill = mine & (steps["phase"] == "prefill")
     profile = scenario.hardware_profile
     state = process.state()
     bound = process.bounds(measured).belady_decode_hit_rate
-    decode_hits = hit_rate(decode)
+    decode_hits = hit_rate(steps, decode)
     elapsed = float(timing["end_s"].max())
     servers = machine.servers()
     summary = {
@@ -117,11 +118,11 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
         "cache_mib": state.cache_mib,
         "lent_slots": state.lent_slots,
         "prefill_buffer_mib": state.prefill_buffer_mib,
-        "file_blob_reads": int(prefill["file_blob_reads"].sum()),
+        "file_blob_reads": int(steps["file_blob_reads"][prefill].sum()),
         "prefill_tok_s": safe_rate(m["prompt_tokens"], m["prefill_end_s"] - m["arrival_s"]),
         "decode_tok_s": safe_rate(m["decode_tokens"], m["end_s"] - m["prefill_end_s"]),
         "decode_hit_rate": decode_hits,
-        "prefill_hit_rate": hit_rate(prefill),
+        "prefill_hit_rate": hit_rate(steps, prefill),
         "belady_decode_hit_rate": bound,
         "belady_gap": None if bound is None or decode_hits is None else bound - decode_hits,
         "ttft_s": float(m["first_token_s"] - m["arrival_s"]),
@@ -137,4 +138,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
         "engine_state": state.detail,
         "provenance": provenance(scenario, routing.sha256, **state.provenance),
     }
-    return RunResult(summary, steps, copies, timing, () if summary_only else tuple(servers), scenario, routing)
+    if summary_only:  # the summary has read the steps: their frame is left empty (its columns typed)
+        steps = {name: column[:0] for name, column in steps.items()}
+    return RunResult(summary, pd.DataFrame(steps), copies, timing, () if summary_only else tuple(servers), scenario,
+                     routing)

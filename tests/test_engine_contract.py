@@ -142,6 +142,30 @@ def test_a_run_is_deterministic(engine):
     assert first.steps.equals(second.steps)
 
 
+def test_a_step_row_counts_in_integers(engine, monkeypatch):
+    """The steps frame takes each column's declared type (sim/engines/recorder.py STEP_DTYPES) without inferring it,
+    so a fractional count would be cut to an integer there: every engine gives its counts as integers."""
+    import numbers
+
+    import numpy as np
+
+    from sim.engines import recorder
+
+    seen = []
+    columns = recorder.Recorder.step_columns
+    monkeypatch.setattr(recorder.Recorder, "step_columns", lambda self: seen.append(list(self.steps)) or columns(self))
+    run_small(seed_of(engine))
+    [rows] = seen  # none for an engine without steps (the replay)
+    for column, dtype in recorder.STEP_DTYPES.items():
+        values = [row[recorder.STEP_COLUMNS.index(column)] for row in rows]
+        if dtype is object:
+            assert all(isinstance(v, str) for v in values), column
+        elif dtype is np.int64:
+            assert all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values), column
+        else:
+            assert all(isinstance(v, numbers.Real) for v in values), column
+
+
 def _spelled(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -139,13 +139,14 @@ def test_the_machine_probe_reports_its_cpu_seconds_and_the_load():
 
 @pytest.mark.parametrize("name", ["ds4-504-per-class", "strata-658-own", "llamacpp-qwen3.8-ncmoe"])
 def test_a_summary_only_run_has_the_same_summary(name):
-    """Sweep points skip the copy rows and the servers' busy intervals (runner.evaluate): no figure of the summary
-    may read them, the list of links included (which servers worked)."""
+    """Sweep points skip the copy rows, the servers' busy intervals and the steps' frame (runner.evaluate): no
+    figure of the summary may read them, the list of links included (which servers worked)."""
     scenario = load_scenario(SCENARIOS / f"{name}.toml")
     full, lean = run_scenario(scenario), run_scenario(scenario, summary_only=True)
     as_text = [json.dumps(r.summary, sort_keys=True, default=str) for r in (lean, full)]
     assert as_text[0] == as_text[1]
-    assert lean.copies.empty and lean.steps.equals(full.steps) and lean.links == ()
+    assert lean.copies.empty and lean.steps.empty and lean.links == ()
+    assert list(lean.steps.columns) == list(full.steps.columns) and len(full.steps)
     assert len(full.summary["links"]) >= 3 and all(len(link.intervals()) for link in full.links)
     if name.startswith("ds4"):
         assert not full.copies.empty  # ds4 records its copy plan: the test compares something

@@ -270,7 +270,10 @@ class LlamaCppProcess:
                     h2d, fault = yield from self._offloaded_whole_layer(layer, rows[:, layer], first)
                     m.gpu.book(n * self.prefill_other_s[layer] + self.prefill_fixed_s + attention_s, 0, 0,
                                "layer (GPU, offloaded)")
-                    self._step(request, "prefill", step, layer, start, n, h2d_bytes=h2d, file_read_bytes=fault)
+                    # the layer's share of the weights and K/V is an even spread (fractional bytes): the step
+                    # row counts whole bytes
+                    self._step(request, "prefill", step, layer, start, n, h2d_bytes=round(h2d),
+                               file_read_bytes=fault)
                 else:
                     fault = yield from self._whole_cpu_layer(layer, rows[:, layer], first, knobs.threads_batch)
                     on_host = True
