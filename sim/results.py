@@ -55,8 +55,7 @@ def routing_table(scenario, routing, request: int):
     17,944-token prompt takes 10 MB whole, 0.13 MB kept."""
     import pyarrow as pa
 
-    from sim.cache.kernels import last_access_cells
-    from sim.cache.replay import Geometry
+    from sim.cache.replay import Geometry, last_access_cells_of
     from sim.workload import runs_mtp
     from sim.trace.format import MISSING
 
@@ -66,12 +65,11 @@ def routing_table(scenario, routing, request: int):
     if runs_mtp(scenario) and r.mtp is not None:
         decode = np.concatenate([decode, r.mtp[: len(decode)]], axis=1)
     geometry = Geometry.of_layout(scenario.layout, decode.shape[1])
-    prompt = r.prompt[:, :n_routed]
-    p_token, p_layer = last_access_cells(prompt, n_experts)  # in order: token, then layer
+    p_token, p_layer, p_cells = last_access_cells_of(r.prompt, n_routed, n_experts)  # in order: token, then layer
     d_token, d_layer = np.nonzero(decode[:, :, 0] != MISSING)
     phase = np.r_[np.full(len(p_token), "prefill", object), np.full(len(d_token), "decode", object)]
     token, layer = np.r_[p_token, d_token], np.r_[p_layer, d_layer]
-    cells = np.concatenate([prompt[p_token, p_layer], decode[d_token, d_layer]])
+    cells = np.concatenate([p_cells, decode[d_token, d_layer]])
     return pa.table({
         "phase": pa.array(phase, pa.string()).dictionary_encode(),
         "token": pa.array(token.astype(np.int32)),

@@ -66,7 +66,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
         # built: generating a long prompt's routing took ~40 s of a run that was then refused
         engine.plan_memory(scenario)
     stage("routing")
-    routing = workload_routing(scenario)
+    routing = workload_routing(scenario, prompts_to_file=engine.reads_prompt_in_chunks)
     stage("simulating" if engine.timed else "replaying")
     recorder = Recorder(copy_plan=not summary_only)
     if not engine.timed:  # no machine and no clock: the engine only counts

@@ -13,6 +13,11 @@ independent stream, a second trace of the same preset and sizes under a seed der
 the MTP layer's statistics are borrowed from the last routed layer, and its choices are independent of the
 token's choices in the routed layers: an assumption, not a measurement.
 
+A long generated prompt (its routing over PROMPT_FILE_BYTES) is written to a temporary file as it is generated, when
+the engine reads its prompts a chunk at a time (Engine.reads_prompt_in_chunks): the request's `prompt` is then
+FileRows (sim/trace/rowfile.py), read a chunk at a time, so a million-token prompt is not held in memory. The routing,
+its sha256 and every result are the same either way (tests/test_engine_contract.py).
+
 Memo: a sweep runs many points whose routing inputs are identical (only cache budgets, reserves, chunks...
 differ), so `workload_routing` keeps the last few routings of this process in a small LRU dict keyed by
 everything the routing depends on (`routing_key`). Its arrays are made read-only, so a caller cannot change
@@ -34,11 +39,17 @@ import numpy as np
 from sim.version import __version__
 from sim.errors import InputError
 from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader, read_trace
+from sim.trace.rowfile import FileRows
+
+
+# A generated prompt's routing above this size goes to a temporary file (sim.trace.rowfile) when the engine reads its
+# prompts a chunk at a time (Engine.reads_prompt_in_chunks): a million tokens of a 48-layer top-10 model are 916 MiB
+PROMPT_FILE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
 class RequestRouting:
-    prompt: np.ndarray  # uint16 [prompt_tokens, layers, k]
+    prompt: np.ndarray | FileRows  # uint16 [prompt_tokens, layers, k]; FileRows: kept in a file (PROMPT_FILE_BYTES)
     decode: np.ndarray  # uint16 [decode_tokens, layers, k]
     mtp: np.ndarray | None = None  # uint16 [decode_tokens, mtp layers, k]: the draft step of each decode token
 
@@ -83,11 +94,11 @@ _ROUTING_MEMO: OrderedDict[tuple, WorkloadRouting] = OrderedDict()
 memo_stats = {"hits": 0, "misses": 0}
 
 
-def routing_key(scenario) -> tuple:
+def routing_key(scenario, prompts_to_file: bool = False) -> tuple:
     """Everything `_build_routing` reads: the trace source (generator preset, or the trace file's resolved
     path with its size and modification time, so an edited file is read again), the seed, each request's
-    prompt and decode sizes, the model layout (its name and routed / MTP layer counts), whether MTP runs, and
-    the package version (a newer generator may draw differently)."""
+    prompt and decode sizes, the model layout (its name and routed / MTP layer counts), whether MTP runs,
+    whether a long prompt may go to a file, and the package version (a newer generator may draw differently)."""
     trace = scenario.trace
     if trace.path is not None:
         path = Path(scenario.trace_path).resolve()
@@ -101,7 +112,7 @@ def routing_key(scenario) -> tuple:
     sizes = tuple((r.prompt_tokens, r.decode_tokens) for r in scenario.workload.requests)
     layout = scenario.layout
     return (__version__, source, trace.seed, sizes, layout.name, layout.n_routed_layers, layout.n_mtp_layers,
-            runs_mtp(scenario))
+            runs_mtp(scenario), prompts_to_file)
 
 
 def _freeze(routing: WorkloadRouting) -> WorkloadRouting:
@@ -114,7 +125,7 @@ def _freeze(routing: WorkloadRouting) -> WorkloadRouting:
     holds."""
     for request in routing.requests:
         for array in (request.prompt, request.decode, request.mtp):
-            if array is not None:
+            if isinstance(array, np.ndarray):  # a prompt kept in a file (FileRows) is read into fresh arrays
                 array.flags.writeable = False
     return routing
 
@@ -124,29 +135,31 @@ def clear_routing_memo() -> None:
     memo_stats.update(hits=0, misses=0)
 
 
-def workload_routing(scenario, memo: bool = True) -> WorkloadRouting:
+def workload_routing(scenario, memo: bool = True, prompts_to_file: bool = False) -> WorkloadRouting:
     """The scenario's routing; with `memo`, served from this process's memo when the inputs match (module
-    docstring). The result is the same either way (tests/test_workload.py)."""
+    docstring). The result is the same either way (tests/test_workload.py). `prompts_to_file`: the engine reads
+    its prompts a chunk at a time (Engine.reads_prompt_in_chunks), so a long one may be kept in a file."""
     if not memo:
-        return _freeze(_build_routing(scenario))
-    key = routing_key(scenario)
+        return _freeze(_build_routing(scenario, prompts_to_file))
+    key = routing_key(scenario, prompts_to_file)
     if key[1][0] == "file" and key[1][2] is None:
-        return _freeze(_build_routing(scenario))
+        return _freeze(_build_routing(scenario, prompts_to_file))
     hit = _ROUTING_MEMO.get(key)
     if hit is not None:
         _ROUTING_MEMO.move_to_end(key)
         memo_stats["hits"] += 1
         return hit
     memo_stats["misses"] += 1
-    routing = _freeze(_build_routing(scenario))
+    routing = _freeze(_build_routing(scenario, prompts_to_file))
     _ROUTING_MEMO[key] = routing
     while len(_ROUTING_MEMO) > ROUTING_MEMO_SIZE:
         _ROUTING_MEMO.popitem(last=False)
     return routing
 
 
-def _build_routing(scenario) -> WorkloadRouting:
-    from sim.trace.generate import generate_trace
+def _build_routing(scenario, prompts_to_file: bool) -> WorkloadRouting:
+    from sim.trace.generate import generate_prompt_to_file, generate_trace
+    from sim.trace.generator_model import generator_shape
 
     requests = scenario.workload.requests
     where = str(scenario.path or "scenario")
@@ -167,13 +180,17 @@ def _build_routing(scenario) -> WorkloadRouting:
         hashes.append(trace.sha256())
     else:
         stop = threading.Event()
+        preset = scenario.trace.generator
 
-        def one(job: tuple[int, bool]) -> Trace:
+        def one(job: tuple[int, bool]) -> Trace | tuple:
             i, draft = job
             request = requests[i]
             seed = mtp_seed(scenario.trace.seed, i) if draft else scenario.trace.seed + i
-            return generate_trace(scenario.trace.generator, request.prompt_tokens, max(request.decode_tokens, 1), seed,
-                                  stop=stop)
+            layers, _, top_k = generator_shape(preset)
+            if not draft and prompts_to_file and request.prompt_tokens * layers * top_k * 2 > PROMPT_FILE_BYTES:
+                return generate_prompt_to_file(preset, request.prompt_tokens, max(request.decode_tokens, 1), seed,
+                                               stop=stop)
+            return generate_trace(preset, request.prompt_tokens, max(request.decode_tokens, 1), seed, stop=stop)
 
         jobs = [(i, False) for i in range(len(requests))] + ([(i, True) for i in range(len(requests))] if mtp else [])
         # the generator's kernel releases the GIL: requests are generated side by side, in a fixed order
@@ -191,9 +208,13 @@ def _build_routing(scenario) -> WorkloadRouting:
                 draft = stream.experts[stream.phase == PHASE_DECODE][: request.decode_tokens, n_routed - n_mtp:]
                 draft = np.ascontiguousarray(draft)
                 hashes.append(stream.sha256())
-            parts.append(RequestRouting(_phase_rows(trace, PHASE_PREFILL),
-                                        _phase_rows(trace, PHASE_DECODE)[: request.decode_tokens], draft))
-            hashes.append(trace.sha256())
+            if isinstance(trace, Trace):
+                prompt, decode, digest = _phase_rows(trace, PHASE_PREFILL), _phase_rows(trace, PHASE_DECODE), \
+                    trace.sha256()
+            else:  # the prompt's rows in a file (generate_prompt_to_file)
+                prompt, decode, digest = trace
+            parts.append(RequestRouting(prompt, decode[: request.decode_tokens], draft))
+            hashes.append(digest)
     return WorkloadRouting(tuple(parts), hashlib.sha256("".join(hashes).encode()).hexdigest())
 
 

@@ -419,7 +419,7 @@ def test_last_access_rows_keep_what_decode_hits_depend_on(data, capacity):
 
     experts, n_experts, prompt_rows = data
     prompt, decode = experts[:prompt_rows], experts[prompt_rows:]
-    cell_rows, cell_layers = kernels.last_access_cells(prompt, n_experts)
+    cell_rows, cell_layers = kernels.last_access_cells(prompt, n_experts, np.zeros(prompt.shape[1] * n_experts, bool))
     keep = np.zeros(prompt.shape[:2], bool)
     keep[cell_rows, cell_layers] = True
     assert (keep == brute_force_last_access_cells(prompt)).all()
@@ -443,3 +443,27 @@ def test_last_access_rows_keep_what_decode_hits_depend_on(data, capacity):
     # and the Belady bound of the decode hits is the same (one pool: the traces have a single size class)
     bound = [decode_bound_hits(t, Geometry.of(t), np.array([capacity])).sum() for t in (full, short)]
     assert bound[0] == bound[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(routing, st.integers(1, 5))
+def test_last_access_cells_read_block_by_block_are_the_whole_prompts(data, block_rows):
+    """A prompt kept in a file (sim.trace.rowfile) is passed a block at a time, last block first, the keys seen in
+    later blocks carried: the cells and their ids are those of the whole prompt (oracle: the definition)."""
+    from sim.cache.replay import last_access_cells_of
+    from sim.trace import rowfile
+
+    experts, n_experts = data
+    file = rowfile.RowFile(experts.shape[1:])
+    file.append(experts)
+    layers, top_k = experts.shape[1:]
+    previous, rowfile.ROW_BLOCK_BYTES = rowfile.ROW_BLOCK_BYTES, block_rows * layers * top_k * 2
+    try:
+        rows, cell_layers, cells = last_access_cells_of(file.rows(), layers, n_experts)
+    finally:
+        rowfile.ROW_BLOCK_BYTES = previous
+    keep = np.zeros(experts.shape[:2], bool)
+    keep[rows, cell_layers] = True
+    assert (keep == brute_force_last_access_cells(experts)).all()
+    assert (np.diff(rows * layers + cell_layers) > 0).all()
+    assert np.array_equal(cells, experts[rows, cell_layers])

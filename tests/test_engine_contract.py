@@ -10,6 +10,7 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import simpy
 from hypothesis import HealthCheck, given, settings
@@ -164,6 +165,41 @@ def test_a_step_row_counts_in_integers(engine, monkeypatch):
             assert all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values), column
         else:
             assert all(isinstance(v, numbers.Real) for v in values), column
+
+
+def test_a_prompt_kept_in_a_file_runs_as_one_in_memory(engine, monkeypatch):
+    """Issue 33: an engine that reads its prompts a chunk at a time (Engine.reads_prompt_in_chunks) gets a long
+    prompt's routing in a temporary file (sim.workload.PROMPT_FILE_BYTES); every other engine gets arrays. Here
+    every prompt goes to the file and a pass over it reads 7 rows at a time: the run and its routing table are
+    those of the prompt in memory."""
+    import sim.workload
+    from sim.results import routing_table
+    from sim.simulate import run_scenario
+    from sim.trace import rowfile
+
+    path = seed_of(engine)
+    scenario = load_scenario(path, small(path))
+
+    def run():
+        sim.workload.clear_routing_memo()
+        result = run_scenario(scenario)
+        # the run's own, from the memo
+        return result, sim.workload.workload_routing(scenario, prompts_to_file=engine.reads_prompt_in_chunks)
+
+    (in_memory, memory_routing) = run()
+    monkeypatch.setattr(sim.workload, "PROMPT_FILE_BYTES", 0)
+    layers, top_k = memory_routing.requests[0].prompt.shape[1:]
+    monkeypatch.setattr(rowfile, "ROW_BLOCK_BYTES", 7 * layers * top_k * 2)
+    (in_file, file_routing) = run()
+    sim.workload.clear_routing_memo()
+    prompt = file_routing.requests[0].prompt
+    assert isinstance(prompt, rowfile.FileRows) == engine.reads_prompt_in_chunks
+    assert np.array_equal(np.asarray(prompt), memory_routing.requests[0].prompt)
+    assert file_routing.sha256 == memory_routing.sha256
+    assert in_file.summary == in_memory.summary and in_file.steps.equals(in_memory.steps)
+    if engine.timed:
+        measured = in_memory.summary["measured_request"]
+        assert routing_table(scenario, file_routing, measured).equals(routing_table(scenario, memory_routing, measured))
 
 
 def _spelled(value) -> str:

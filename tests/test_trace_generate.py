@@ -521,15 +521,19 @@ def test_rows_generated_block_by_block_are_the_trace_of_one_call(monkeypatch, pr
     now returns to Python every block of rows (BLOCK_PICKS picks), carrying its state; any block size gives the
     trace a single call over every row gives (the oracle: a block larger than the trace)."""
     import sim.trace.generator_params as params
+    from sim.trace.generator_kernel import read_back_rows
 
     if prompt + decode == 0:
         return
     blocks = []
     kernel = params._kernel_rows
 
-    def recorded(out, first, last, *rest):
+    windows = []
+
+    def recorded(out, base, first, last, *rest):
         blocks.append((first, last))
-        return kernel(out, first, last, *rest)
+        windows.append(len(out) - read_back_rows(rest[-9]))  # rest[-9]: lag_cum
+        return kernel(out, base, first, last, *rest)
 
     monkeypatch.setattr(params, "BLOCK_PICKS", 1 << 62)
     whole = generate_trace(preset, prompt, decode, seed, requests).experts
@@ -541,6 +545,8 @@ def test_rows_generated_block_by_block_are_the_trace_of_one_call(monkeypatch, pr
     layers, k = whole.shape[1:]
     assert [first for first, _ in blocks] == [0, *[last for _, last in blocks[:-1]]] and blocks[-1][1] == rows
     assert all(last - first == 1 or (last - first) * layers * k <= block_picks for first, last in blocks)
+    # the kernel writes into a window of one block and the rows it reads back, not into the whole trace
+    assert all(n == max(1, min(rows, block_picks // (layers * k))) for n in windows)
 
 
 def test_a_stop_event_ends_a_generation_at_its_next_block(monkeypatch):
@@ -554,7 +560,7 @@ def test_a_stop_event_ends_a_generation_at_its_next_block(monkeypatch):
     kernel = params._kernel_rows
 
     def then_stop(*args):
-        calls.append(args[1])
+        calls.append(args[2])  # (window, base, first row, ...)
         kernel(*args)
         stop.set()  # another thread's Ctrl-C, arriving while the first block runs
 
@@ -563,3 +569,25 @@ def test_a_stop_event_ends_a_generation_at_its_next_block(monkeypatch):
     with pytest.raises(params.GenerationStopped, match="stopped at row 1 of 50"):
         generate_trace("mixtral-8x7b", 40, 10, seed=2, stop=stop)
     assert calls == [0]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(preset=st.sampled_from(["deepseek-v4-flash-q2-q4", "qwen3.8-flash-next-iq3s", "mixtral-8x7b"]),
+       prompt=st.integers(0, 60), decode=st.integers(0, 12), seed=st.integers(0, 2**40),
+       block_picks=st.integers(1, 4000))
+def test_a_prompt_written_to_a_file_is_the_trace_generate_trace_makes(monkeypatch, preset, prompt, decode, seed,
+                                                                     block_picks):
+    """Issue 33: a long prompt's rows go to a temporary file block by block as they are generated (a run of an engine
+    that reads its prompt in chunks holds a block, not the prompt); the rows, the decode rows and the sha256 are
+    generate_trace's (the oracle: one request generated whole)."""
+    import sim.trace.generator_params as params
+    from sim.trace.generate import generate_prompt_to_file
+
+    if prompt + decode == 0:
+        return
+    whole = generate_trace(preset, prompt, decode, seed)
+    monkeypatch.setattr(params, "BLOCK_PICKS", block_picks)
+    rows, decode_rows, sha256 = generate_prompt_to_file(preset, prompt, decode, seed)
+    assert np.array_equal(np.asarray(rows), whole.experts[:prompt])
+    assert np.array_equal(decode_rows, whole.experts[prompt:])
+    assert sha256 == whole.sha256()

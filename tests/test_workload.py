@@ -75,7 +75,7 @@ def test_runs_are_identical_with_and_without_the_memo(monkeypatch):
     clear_routing_memo()
     with_memo = [json.dumps(run_scenario(s).summary, sort_keys=True, default=str) for s in scenarios * 2]
     assert memo_stats["hits"] == 3 and memo_stats["misses"] == 1
-    monkeypatch.setattr(run_module, "workload_routing", lambda s: workload_routing(s, memo=False))
+    monkeypatch.setattr(run_module, "workload_routing", lambda s, **options: workload_routing(s, memo=False, **options))
     without = [json.dumps(run_scenario(s).summary, sort_keys=True, default=str) for s in scenarios]
     assert with_memo[:2] == without
     assert with_memo[0] == with_memo[2] and with_memo[0] != with_memo[1]

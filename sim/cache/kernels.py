@@ -271,13 +271,14 @@ def key_counts(experts, n_experts, counts):
 
 
 @njit(cache=True, nogil=True)
-def last_access_cells(experts, n_experts):
+def last_access_cells(experts, n_experts, seen):
     """(rows, layers) int64, ascending: the (row, layer) cells that hold some key's last access in a
-    [rows, layers, k] block (missing cells never). One backward pass with a seen flag per key, the cells written
-    from the end: a cell holds at least one key's last access, so there are at most layers x n_experts of them
-    and the memory is per key, not per token (a bool per cell was 43 MB of a million-token prompt's 43 layers)."""
+    [rows, layers, k] block (missing cells never), counting keys already `seen` (bool per key, updated) as
+    accessed after the block: a prompt's blocks passed last first give its cells block by block. One backward
+    pass, the cells written from the end: a cell holds at least one key's last access, so there are at most
+    layers x n_experts of them and the memory is per key, not per token (a bool per cell was 43 MB of a
+    million-token prompt's 43 layers)."""
     rows, layers, top_k = experts.shape
-    seen = np.zeros(layers * n_experts, np.bool_)
     cap = min(rows * layers, layers * n_experts)
     out_row = np.empty(cap, np.int64)
     out_layer = np.empty(cap, np.int64)

@@ -23,6 +23,7 @@ from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_APPEND, MODE_EVIC
 from sim.trace.mrc import stack_distance_histograms
 from sim.errors import InputError, require_regular_file
 from sim.trace.format import MISSING, PHASE_DECODE, PHASE_NAMES, Trace
+from sim.trace.rowfile import row_blocks
 
 POLICIES = ("lru", "lfu", "opt", "static", "ds4-slab")
 SCOPES = ("layer", "class", "global")
@@ -461,11 +462,26 @@ def last_access_rows(prompt: np.ndarray, n_experts: int) -> np.ndarray:
     it either way: an LRU the same recency order of the keys at the first decode token and the same set of
     keys, the Belady bound (decode_bound_hits) the same set of keys touched. It is at most one row per key
     and it is what lets a prompt of a million tokens be bounded in memory of the keys, not of the tokens."""
-    cell_rows, cell_layers = kernels.last_access_cells(prompt, n_experts)
+    cell_rows, cell_layers, cells = last_access_cells_of(prompt, prompt.shape[1], n_experts)
     rows, row_of_cell = np.unique(cell_rows, return_inverse=True)
     reduced = np.full((len(rows), *prompt.shape[1:]), MISSING, prompt.dtype)
-    reduced[row_of_cell, cell_layers] = prompt[cell_rows, cell_layers]
+    reduced[row_of_cell, cell_layers] = cells
     return reduced
+
+
+def last_access_cells_of(prompt, n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cells of the prompt's first n_layers layers that hold some key's last access (kernels.last_access_cells):
+    their rows and layers, ascending, and their expert ids [cells, k]. A prompt kept in a file (FileRows) is read
+    a block at a time, last block first."""
+    seen = np.zeros(n_layers * n_experts, np.bool_)
+    found = []
+    for first, block in row_blocks(prompt, reverse=True):
+        block = block[:, :n_layers]
+        rows, layers = kernels.last_access_cells(block, n_experts, seen)
+        found.append((rows + first, layers, block[rows, layers]))
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, prompt.shape[2]), prompt.dtype)
+    return tuple(np.concatenate(part[::-1]) for part in zip(*found))
 
 
 def decode_bound_hits(trace, geometry, capacity: np.ndarray) -> np.ndarray:

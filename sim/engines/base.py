@@ -6,6 +6,7 @@ the `name` in the scenario's [engine] table, and never names one:
 
     scenario.py   Settings (its [engine] table in the scenario's union), validate (refusals at load)
     simulate.py   timed, process(...) -> EngineProcess, context_tokens
+    workload.py   reads_prompt_in_chunks (a long prompt's routing kept on disk)
     explore, cli  search_space / knobs (plan's grid and labels, report axis names), default_objective,
                   plan_memory (what plan prunes before running), records_read (uncertainty), one_pass (runner),
                   headline / extra_metrics / summary_tables (the tables a run and a sweep print)
@@ -159,6 +160,9 @@ class Engine(ABC):
     Settings: ClassVar[type[BaseModel]]  # its [engine] table; a `name` Literal tag, raw text kept where read
     variants: ClassVar[Mapping[str, Variant]]  # builds by their one word ({} for an engine without builds)
     timed: ClassVar[bool] = True  # False: no machine, no clock (counts only)
+    # True: the process reads a request's prompt rows a chunk at a time through len, slices and np.asarray, so a long
+    # prompt's routing may be kept in a temporary file (sim.trace.rowfile.FileRows) instead of memory
+    reads_prompt_in_chunks: ClassVar[bool] = False
     default_objective: ClassVar[str]  # the summary metric plan maximises by default
     knobs: ClassVar[tuple[Knob, ...]]  # every knob search_space names
     headline: ClassVar[tuple[str, ...] | None] = None  # summary keys shown first (None: the run's headline)

@@ -50,6 +50,16 @@ VALIDATE_BLOCK_ROWS = 16_384  # rows a validation check looks at at once (Trace.
 WRITE_ROW_GROUP_ROWS = 16_384  # rows of a Parquet row group (write_trace): ~16 MB of a 48-layer top-10 trace
 
 
+def routing_digest(header: TraceHeader, request: np.ndarray, position: np.ndarray, phase: np.ndarray):
+    """The start of a trace's content hash (Trace.sha256): its header and row index columns; the expert ids follow,
+    in row order (whole, or block by block as a generator writes them: the same digest)."""
+    digest = hashlib.sha256()
+    digest.update(header.to_json().encode())
+    for arr in (request, position, phase):
+        digest.update(np.ascontiguousarray(arr))
+    return digest
+
+
 @dataclass
 class Trace:
     """Rows are token steps in execution order; `experts[row, layer]` holds that step's top-k ids.
@@ -192,10 +202,8 @@ class Trace:
 
     @cached_property
     def _sha256(self) -> str:
-        digest = hashlib.sha256()
-        digest.update(self.header.to_json().encode())
-        for arr in (self.request, self.position, self.phase, self.experts):
-            digest.update(np.ascontiguousarray(arr))  # the buffer itself: no copy of a long prompt
+        digest = routing_digest(self.header, self.request, self.position, self.phase)
+        digest.update(np.ascontiguousarray(self.experts))  # the buffer itself: no copy of a long prompt
         if self.weights is not None:
             digest.update(np.ascontiguousarray(self.weights))
         return digest.hexdigest()

@@ -41,9 +41,10 @@ import json
 import numpy as np
 
 from sim.errors import InputError
-from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader
+from sim.trace.format import PHASE_DECODE, PHASE_PREFILL, Trace, TraceHeader, routing_digest
 from sim.trace.generator_model import _derived, _geometry, _model, model_of
 from sim.trace.generator_spec import GENERATOR_PRESETS, with_statistics
+from sim.trace.rowfile import FileRows, RowFile
 from sim.units import GIB
 
 SOURCE = "expertsim synthetic generator (sim/trace/generate.py)"
@@ -72,6 +73,32 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
     `statistics` (reuse_decode, reuse_prefill, entropy: generator_spec.with_statistics) replace the preset's
     defaults with measured ones; the model is calibrated to them at first use (seconds). `stop`, a
     threading.Event, ends a generation running in a worker thread once set (GenerationStopped)."""
+    spec, model, sizes = _checked(preset, prompt_tokens, decode_tokens, seed, requests, statistics)
+    return _generated(spec, model, preset, *sizes, statistics, stop)
+
+
+def generate_prompt_to_file(preset: str, prompt_tokens: int, decode_tokens: int, seed: int,
+                            stop=None) -> tuple[FileRows, np.ndarray, str]:
+    """generate_trace's one request with its prompt rows written to a temporary file block by block, not held
+    (sim.trace.rowfile): the prompt's rows (FileRows), the decode rows and the trace's sha256 (generate_trace's
+    own: the same rows hashed in the same order)."""
+    spec, model, (prompt, decode, seed, n_req) = _checked(preset, prompt_tokens, decode_tokens, seed, 1, None)
+    header, request, position, phase = _layout(spec, model, preset, prompt, decode, seed, n_req)
+    digest = routing_digest(header, request, position, phase)
+    geo = _geometry(spec["model"])
+    prompt_file = RowFile((geo.n_layers, geo.top_k))
+    decode_rows = np.empty((decode, geo.n_layers, geo.top_k), np.uint16)
+    for first, rows in model.blocks(seed, n_req, prompt, decode, stop):
+        digest.update(rows)
+        in_prompt = max(0, min(len(rows), prompt - first))
+        prompt_file.append(rows[:in_prompt])
+        decode_rows[first + in_prompt - prompt: first + len(rows) - prompt] = rows[in_prompt:]
+    return prompt_file.rows(), decode_rows, digest.hexdigest()
+
+
+def _checked(preset: str, prompt_tokens: int, decode_tokens: int, seed: int, requests: int,
+             statistics: dict | None) -> tuple[dict, object, tuple[int, int, int, int]]:
+    """The arguments checked: the routing spec, its model, and (prompt, decode, seed, requests)."""
     if not isinstance(preset, str) or preset not in GENERATOR_PRESETS:
         raise InputError("generate_trace", "preset", preset, f"unknown; valid: {', '.join(generator_preset_names())}")
     prompt = _check_int("prompt_tokens", prompt_tokens, 0)
@@ -86,7 +113,7 @@ def generate_trace(preset: str, prompt_tokens: int, decode_tokens: int, seed: in
     if statistics:
         spec = with_statistics(spec, **statistics)
     model = model_of(spec) if statistics else _model(preset)
-    return _generated(spec, model, preset, prompt, decode, seed, n_req, statistics, stop)
+    return spec, model, (prompt, decode, seed, n_req)
 
 
 def trace_of_spec(spec: dict, prompt_tokens: int, decode_tokens: int, seed: int, requests: int = 1) -> Trace:
@@ -97,6 +124,13 @@ def trace_of_spec(spec: dict, prompt_tokens: int, decode_tokens: int, seed: int,
 
 def _generated(spec: dict, model, preset: str, prompt: int, decode: int, seed: int, n_req: int,
                statistics: dict | None = None, stop=None) -> Trace:
+    header, request, position, phase = _layout(spec, model, preset, prompt, decode, seed, n_req, statistics)
+    return Trace(header, request, position, phase, model.run(seed, n_req, prompt, decode, stop))
+
+
+def _layout(spec: dict, model, preset: str, prompt: int, decode: int, seed: int, n_req: int,
+            statistics: dict | None = None) -> tuple[TraceHeader, np.ndarray, np.ndarray, np.ndarray]:
+    """A generated trace's header and its row index columns (request, position, phase); its size checked."""
     geo = _geometry(spec["model"])
     rows = n_req * (prompt + decode)
     size = rows * geo.n_layers * geo.top_k * 2
@@ -104,7 +138,6 @@ def _generated(spec: dict, model, preset: str, prompt: int, decode: int, seed: i
         raise InputError("generate_trace", "requests x (prompt_tokens + decode_tokens)", rows,
                          f"too large: {size / GIB:.1f} GiB of expert ids (limit {MAX_TRACE_BYTES >> 30} GiB, "
                          f"{MAX_ROWS} rows)")
-    experts = model.run(seed, n_req, prompt, decode, stop)
     request = np.repeat(np.arange(n_req, dtype=np.int32), prompt + decode)
     position = np.tile(np.arange(prompt + decode, dtype=np.int32), n_req)
     phase = np.tile(np.r_[np.full(prompt, PHASE_PREFILL, np.uint8), np.full(decode, PHASE_DECODE, np.uint8)], n_req)
@@ -117,8 +150,7 @@ def _generated(spec: dict, model, preset: str, prompt: int, decode: int, seed: i
     digest = hashlib.sha256(json.dumps(generator, sort_keys=True).encode()).hexdigest()
     header = TraceHeader(model=spec["model"], n_layers=geo.n_layers, n_experts=geo.n_experts, top_k=geo.top_k,
                          source=SOURCE, source_sha256=digest, generator=generator)
-    return Trace(header, request, position, phase, experts)
-
+    return header, request, position, phase
 
 
 # A seed no workload draws from: workloads use (scenario seed + request index), so only a scenario seed

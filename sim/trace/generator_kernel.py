@@ -122,6 +122,12 @@ def _build_cum(cum, w, sigma, thr, leak, local, eta, zg, zi, group_of, ctx_of, k
             cum[layer, c, e] = acc
 
 
+def read_back_rows(lag_cum: np.ndarray) -> int:
+    """How far back the kernel reads a request's earlier rows: the previous token (temporal reuse) and a recalled
+    token 2 + _search(lag_cum, u) back, at most 2 + len(lag_cum) - 1."""
+    return len(lag_cum) + 1
+
+
 class GeneratorState:
     """What the per-token loop carries from one block of rows to the next: the generator's state word, the
     request's working-set scores and their cumulative weights, its token ids (hash layers), the token's context
@@ -140,10 +146,11 @@ class GeneratorState:
 
 
 @nb.njit(cache=True, nogil=True)  # nogil: independent requests can be generated on several cores
-def _kernel_rows(out, first_row, last_row, prompt, decode, st, zg, zi, cum, tok_of, stamp, counters, k, w, sigma,
+def _kernel_rows(out, base, first_row, last_row, prompt, decode, st, zg, zi, cum, tok_of, stamp, counters, k, w, sigma,
                  thr, leak, local, eta, group_of, members, gstart, n_groups, ctx_of, n_ctx, kappa, stick, rho, recall,
                  lag_cum, partner, seg_p, drift, is_hash, vocab_cum, tok_rho, tok_lag_cum, hash_seed):
-    """Rows first_row..last_row - 1 of `out` (rows of earlier blocks are read back: temporal reuse and recall)."""
+    """Rows first_row..last_row - 1 of the trace, row r at out[r - base]. Rows of earlier blocks are read back
+    (temporal reuse and recall), up to read_back_rows(lag_cum) rows before first_row: `out` holds them below."""
     n_layers, e_n = w.shape
     steps = prompt + decode
     sel = np.zeros(k, np.int64)
@@ -219,7 +226,7 @@ def _kernel_rows(out, first_row, last_row, prompt, decode, st, zg, zi, cum, tok_
                     p_keep = rho[ph, layer]
                     for j in range(k):
                         if _rand(st) < p_keep:
-                            y = np.int64(out[row - 1, layer, j])
+                            y = np.int64(out[row - base - 1, layer, j])
                             n = _pick(y, n, sel, srt, stamp, mark)
                             removed += c[y] - (c[y - 1] if y > 0 else 0.0)
                     # long range: each pick still free is, with probability recall, a copy of an expert of
@@ -236,12 +243,12 @@ def _kernel_rows(out, first_row, last_row, prompt, decode, st, zg, zi, cum, tok_
                                 continue
                             own = 0
                             for m in range(k):
-                                if ctx_of[layer, out[row - j, layer, m]] == ctx:
+                                if ctx_of[layer, out[row - base - j, layer, m]] == ctx:
                                     own += 1
                             pick = int(_rand(st) * (own if own > 0 else k))
                             y = -1
                             for m in range(k):
-                                z = np.int64(out[row - j, layer, m])
+                                z = np.int64(out[row - base - j, layer, m])
                                 if own > 0 and ctx_of[layer, z] != ctx:
                                     continue
                                 if pick == 0:
@@ -288,7 +295,7 @@ def _kernel_rows(out, first_row, last_row, prompt, decode, st, zg, zi, cum, tok_
                     n = _pick(x, n, sel, srt, stamp, mark)
                     removed += c[x] - (c[x - 1] if x > 0 else 0.0)
             for j in range(k):
-                out[row, layer, j] = sel[j]
+                out[row - base, layer, j] = sel[j]
     counters[0], counters[1] = ctx, mark
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.trace.generator_kernel import GeneratorState, _kernel_rows
+from sim.trace.generator_kernel import GeneratorState, _kernel_rows, read_back_rows
 
 # (token, layer) picks one kernel call generates before it returns to Python: ~0.1 s of a 48-layer top-10 model
 BLOCK_PICKS = 1 << 20
@@ -76,26 +76,40 @@ class _Model:
         return w / w.sum(1, keepdims=True)
 
     def run(self, seed: int, n_req: int, prompt: int, decode: int, stop=None) -> np.ndarray:
-        """[rows, layers, k] expert ids, generated a block of rows per kernel call: Python takes a Ctrl-C between
-        two blocks (a million-token prompt in one call ignored it for a minute), and the trace is the same. `stop`
-        (a threading.Event) set by another thread ends the generation at the next block (GenerationStopped)."""
+        """[rows, layers, k] expert ids: the blocks of `blocks` in one array."""
+        out = np.empty((n_req * (prompt + decode), self.w.shape[0], self.geo.top_k), np.uint16)
+        for first, rows in self.blocks(seed, n_req, prompt, decode, stop):
+            out[first: first + len(rows)] = rows
+        return out
+
+    def blocks(self, seed: int, n_req: int, prompt: int, decode: int, stop=None):
+        """The trace's rows, a block per kernel call: (first row, uint16 [rows, layers, k]), each block a view
+        that the next one overwrites. Only the rows the kernel reads back (read_back_rows) are kept from one block
+        to the next, so a million-token prompt can be consumed without holding it. Python takes a Ctrl-C between
+        two blocks (a million-token prompt in one call ignored it for a minute); `stop` (a threading.Event) set by
+        another thread ends the generation at the next block (GenerationStopped). The trace is the same whatever
+        the block size."""
         steps = prompt + decode
-        rows = n_req * steps
+        total = n_req * steps
         n_layers, n_experts = self.w.shape
-        out = np.empty((rows, n_layers, self.geo.top_k), np.uint16)
         state = GeneratorState(np.uint64(seed), n_layers, n_experts, self.n_ctx, self.n_groups, steps)
         w_run, thr = self.w_run, self.thr  # computed properties: once, not per block
-        block = max(1, BLOCK_PICKS // (n_layers * self.geo.top_k))
-        for first in range(0, rows, block):
+        block = max(1, min(total, BLOCK_PICKS // (n_layers * self.geo.top_k)))
+        back = read_back_rows(self.lag_cum)
+        window = np.empty((back + block, n_layers, self.geo.top_k), np.uint16)  # row r at window[r - first + back]
+        for first in range(0, total, block):
             if stop is not None and stop.is_set():
-                raise GenerationStopped(f"stopped at row {first:,} of {rows:,}")
-            _kernel_rows(out, first, min(rows, first + block), prompt, decode, state.st, state.zg, state.zi,
+                raise GenerationStopped(f"stopped at row {first:,} of {total:,}")
+            last = min(total, first + block)
+            if first:  # the rows read back, from the end of the block before to the front
+                window[:back] = window[block: block + back].copy()
+            _kernel_rows(window, first - back, first, last, prompt, decode, state.st, state.zg, state.zi,
                          state.cum, state.tok_of, state.stamp, state.counters, self.geo.top_k, w_run, self.sigma,
                          thr, self.leak, self.local, self.eta, self.group_of, self.members, self.gstart,
                          self.n_groups, self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall,
                          self.lag_cum, self.partner, self.seg_p, self.drift, self.is_hash, self.vocab_cum,
                          self.tok_rho, self.tok_lag_cum, np.uint64(self.hash_seed))
-        return out
+            yield first, window[back: back + last - first]
 
 
 def _norm_cdf(x: np.ndarray) -> np.ndarray:

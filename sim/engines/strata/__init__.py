@@ -27,6 +27,7 @@ def _geometry_text() -> str:
 class Strata(Engine):
     name = "strata"
     label = "Strata"
+    reads_prompt_in_chunks = True  # startup's profile counts, the prompt's parts and chunks (startup.pair_counts)
     description = "Strata's sized-slot expert cache"
     Settings = Settings
     variants = BUILDS

@@ -28,16 +28,19 @@ from sim.engines.strata.sizing import (adapted_vram_reserve, auto_expert_cache, 
                                        post_write_shrink, sized_slot_walk)
 from sim.engines.strata.conversations import conversation_budget_bytes
 from sim.errors import InputError
+from sim.trace.rowfile import row_blocks
 from sim.units import GIB, MIB
 
 GPU, RAM_PINNED, RAM_PAGEABLE, FILE = 0, 1, 2, 3  # where a pair's bytes come from (Placement.home)
 SOURCE_NAMES = {RAM_PINNED: "ram:pinned", RAM_PAGEABLE: "ram:pageable", FILE: "file"}
 
 
-def pair_counts(rows: np.ndarray, n_layers: int, n_experts: int) -> np.ndarray:
-    """Routed (token, k) cells per pair of a [T, L, k] uint16 block (missing cells skipped)."""
+def pair_counts(rows, n_layers: int, n_experts: int) -> np.ndarray:
+    """Routed (token, k) cells per pair of [T, L, k] uint16 rows (missing cells skipped): an array, or a prompt
+    kept in a file (FileRows), read a block at a time."""
     counts = np.zeros(n_layers * n_experts, np.int64)
-    key_counts(rows, n_experts, counts)
+    for _, block in row_blocks(rows):
+        key_counts(block, n_experts, counts)
     return counts
 
 
