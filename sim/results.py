@@ -40,8 +40,8 @@ LINK_COLUMNS = ("link", "start_s", "end_s", "bytes", "ops", "kind")
 def link_frame(links) -> pd.DataFrame:
     """One row per busy interval of each server (LINK_COLUMNS), in the given order: links.parquet. Built column
     by column per server: a row tuple per interval held a million-token prompt's intervals twice over."""
-    parts = [pd.DataFrame({"link": link.name, **dict(zip(LINK_COLUMNS[1:], zip(*intervals)))})
-             for link in links if (intervals := link.intervals())]
+    parts = [pd.DataFrame({"link": link.name, **dict(zip(LINK_COLUMNS[1:], columns))})
+             for link in links if (columns := link.interval_columns()) and len(columns[0])]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(LINK_COLUMNS))
 
 

@@ -70,6 +70,13 @@ def test_a_key_value_table_too_narrow_is_a_line_per_key():
     assert lines == ["trace written", "sha256  " + "f" * 64, "rows    100,064"]
 
 
+def test_a_key_value_list_that_would_wrap_is_a_block_per_row():
+    """Found by the property test below: a blank key's padding before a number made one 21-character word at 20
+    columns, which the terminal folded ("-10,00" / "0")."""
+    lines = rendered(table("t", [{"_": None, "__": -10000}, {"_": 10_000_000.0, "__": None}], ["_", "__"]), 20)
+    assert max(map(len, lines)) <= 20 and "__  -10,000" in lines and "_   10,000,000.0" in lines
+
+
 def test_wide_shows_every_column_at_its_full_width(capsys, monkeypatch):
     """--wide: the whole table even where the output is narrower (here an 80-column "pipe", as the docs' pages
     print at 100); without it the path column is left out and named."""

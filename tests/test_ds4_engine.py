@@ -104,6 +104,44 @@ def test_a_tokens_lookups_in_one_call_change_nothing(name, monkeypatch):
     assert one_call.summary == per_step.summary
 
 
+@pytest.mark.parametrize("name, variant, least_chained", [
+    ("ds4-504-per-class", None, 5000), ("ds4-504-per-class", "pr605-cache", 5000),
+    ("ds4-504-per-class", "pr1031", 5000), ("glm52-mtp-per-class", None, 20)])
+@pytest.mark.parametrize("summary_only", [False, True])
+def test_layers_done_as_chains_change_nothing(name, variant, least_chained, summary_only, monkeypatch):
+    """Issue 33: decode layers whose experts all hit, done as chains of the machine's jobs (CudaDecode.chain,
+    sim/machine/chains.py), give the same steps, copies, links and summary as each layer's jobs issued one at a
+    time: D2D copies per expert (pr504), a gather kernel (pr605-cache), no hand-over (pr1031), MTP layers; a sweep
+    point's run (summary only, the first job of each log) too."""
+    from sim.engines.ds4 import decode
+    from sim.engines.ds4.decode import CudaDecode
+    from sim.results import link_frame
+    from sim.schema import read_toml
+
+    path = SCENARIOS / f"{name}.toml"
+    data = read_toml(path, str(path))
+    if variant:
+        data["engine"]["variant"] = variant
+    scenario = load_scenario(path, data)
+    chained = []
+    chain = CudaDecode.chain
+
+    def counted(self, request, phase, step_no, layers, k):
+        chained.append(len(layers))
+        return chain(self, request, phase, step_no, layers, k)
+
+    monkeypatch.setattr(CudaDecode, "chain", counted)
+    monkeypatch.setattr(decode, "CHAIN_MIN_LAYERS", 1)  # every run of hits a chain, the shortest too
+    with_chains = run_scenario(scenario, summary_only=summary_only)
+    monkeypatch.setattr(CudaDecode, "chain_hits", False)
+    one_at_a_time = run_scenario(scenario, summary_only=summary_only)
+    assert sum(chained) >= least_chained  # the path under test ran
+    assert with_chains.summary == one_at_a_time.summary
+    pd.testing.assert_frame_equal(with_chains.steps, one_at_a_time.steps)
+    pd.testing.assert_frame_equal(with_chains.copies, one_at_a_time.copies)
+    pd.testing.assert_frame_equal(link_frame(with_chains.links), link_frame(one_at_a_time.links))
+
+
 def test_results_are_written_with_provenance(per_class, tmp_path):
     files = write_results(per_class, tmp_path)
     summary = json.loads(Path(files["summary"]).read_text())

@@ -96,7 +96,7 @@ def layout(shown: Table, width: int) -> list:
         if _table_width([least[k] for k in (*kept, i)]) <= width:
             kept.append(i)
     if len(kept) < 2:
-        return _blocks(shown)
+        return _blocks(shown, width)
     left_out = [name for i, name in enumerate(shown.columns) if i not in kept]
     part = Table(shown.title, tuple(shown.columns[i] for i in kept),
                  tuple(tuple(row[i] for i in kept) for row in shown.cells))
@@ -142,13 +142,16 @@ def _on_its_side(shown: Table) -> Table:
                  tuple((name, *(row[i] for row in shown.cells)) for i, name in enumerate(shown.columns) if i))
 
 
-def _blocks(shown: Table) -> list[str]:
+def _blocks(shown: Table, width: int) -> list[str]:
     """Each row as lines of "column  value", a blank line between rows: for a terminal too narrow for a table.
-    A table of two columns (key and value) is already a list: a line per row."""
+    A table of two columns (key and value) is already a list: a line per row, where each fits the width (a line
+    that does not would wrap, and the terminal folds a value behind a blank key's padding as one word)."""
     lines = [shown.title]
     if len(shown.columns) == 2:
         pad = max((len(row[0]) for row in shown.cells), default=0)
-        return [*lines, *(f"{key:<{pad}}  {value}" for key, value in shown.cells)]
+        pairs = [f"{key:<{pad}}  {value}" for key, value in shown.cells]
+        if max(map(len, pairs), default=0) <= width:
+            return [*lines, *pairs]
     pad = max(map(len, shown.columns), default=0)
     for row in shown.cells:
         lines += ["", *(f"{name:<{pad}}  {text}" for name, text in zip(shown.columns, row))]

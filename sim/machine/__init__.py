@@ -214,8 +214,12 @@ class Machine:
         """Device-to-device copies enqueued on the GPU's compute stream (the legacy default stream serialises
         them with the kernels): a cudaMemcpy's call cost per copy, or one gather kernel's launch, plus the bytes
         at the device's copy rate. Enqueued now; a sync on the stream waits for them."""
+        self.gpu.book(self.stream_d2d_s(n_bytes, n_copies, gather_kernel), n_bytes, n_copies, kind)
+
+    def stream_d2d_s(self, n_bytes: float, n_copies: int, gather_kernel: bool = False) -> float:
+        """The stream's time for `stream_d2d`'s copies."""
         fixed = self.kernel_launch_s if gather_kernel else n_copies * self.memcpy_call_s
-        self.gpu.book(fixed + self.d2d.cost_s(n_bytes, 0), n_bytes, n_copies, kind)
+        return fixed + self.d2d.cost_s(n_bytes, 0)
 
     def probe_h2d_gbps(self) -> float:
         """What an engine's startup bandwidth probe of pinned host -> device copies measures, GB/s."""

@@ -5,8 +5,10 @@ when it is issued: a thread's host call, a stream sync. SimPy makes each such wa
 pushed, popped, the process resumed from the queue. When the waiting process is the only one the event being
 processed wakes, and no queued event is due before the job ends, nothing can happen in between: `elapse` then
 moves the clock to the job's end and the process goes on at once (SimPy resumes a process on an already processed
-event without the queue). The times are the same floats either way (the clock lands where the timeout would
-have: now + delay), so every result is too (tests/test_machine.py runs the same jobs on SimPy's own
+event without the queue). A process that finds itself alone with an empty queue (`runs_alone`) may go further: a
+chain of such jobs computed in one call (sim/machine/chains.py; ds4's decode layers whose experts all hit), the
+clock then moved to its end (`move_clock_to`). The times are the same floats either way (the clock lands where
+the timeout would have: now + delay), so every result is too (tests/test_machine.py runs the same jobs on SimPy's own
 environment; tests/test_outputs_unchanged.py every scenario against outputs written before this short cut).
 
 Hand-written on SimPy's internals (its clock `_now` and its heap `_queue`, stable through simpy 4.x, the range
@@ -59,3 +61,16 @@ class Environment(simpy.Environment):
             return self.timeout(delay)
         self._now = target
         return self._elapsed
+
+    def runs_alone(self) -> bool:
+        """Whether the active process may wait inline: the event being processed woke it alone and no event is
+        queued, so nothing else can run before it next yields an event (each `elapse` it makes would take the
+        short cut)."""
+        return not self._queue and self._alone is not None and self._alone is self._active_proc
+
+    def move_clock_to(self, time: float) -> None:
+        """The clock set where a process that runs alone has taken it by waits of its own arithmetic, each wait
+        computed as `elapse` moves the clock (now + (end - now)); sim/machine/chains.py."""
+        if time < self._now:
+            raise ValueError(f"the clock cannot go back from {self._now} to {time}")
+        self._now = time

@@ -20,9 +20,15 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_EVICT
+from sim.engines.ds4.loads import PARTS_PER_EXPERT
+from sim.machine.chains import BOOK, SYNC, WAIT, Job, JobChain
 from sim.trace.format import MISSING
 
 SELECTED_IDS_BYTES = 6 * 4  # the router's 6 int32 ids read back per layer (§1.6)
+# A chain call costs ~21 us before its steps (JobChain.run with whole logs: 21 us for one step, 43 us for twenty,
+# measured 2026-12-06 on the project's VM) and an all-hit layer issued through `layer` ~15-20 us: a run of fewer
+# layers than this is done a layer at a time (the outputs are the same either way)
+CHAIN_MIN_LAYERS = 3
 
 
 class Decode:
@@ -35,9 +41,18 @@ class Decode:
         """One layer step; `lookup` (outcomes, counts): its cache lookup, done ahead by `lookups`, or None."""
         raise NotImplementedError
 
-    def lookups(self, layers: np.ndarray, experts: np.ndarray) -> list | None:
-        """The token's cache lookups in one call, where they can be done ahead (None: each step looks up)."""
+    def lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
+        """The token's cache lookups in one call, where they can be done ahead: each step's outcomes [step, k]
+        and counts of each outcome [step, 4] (None: each step looks up)."""
         return None
+
+    def hit_runs(self, layers: np.ndarray, lookups: tuple | None) -> list[tuple[int, int]]:
+        """Runs [first, last) of the token's layer steps that `chain` can do (none unless the backend has chains)."""
+        return []
+
+    def chain(self, request: int, phase: str, step_no: int, layers: np.ndarray, k: int) -> None:
+        """A run of `hit_runs` done at once, by a process that runs alone."""
+        raise NotImplementedError
 
     def end_of_token(self) -> None:
         """What the host does once a token's layers are issued (nothing on CUDA)."""
@@ -53,9 +68,23 @@ class Decode:
             layers = run.layers.all_layers
             experts = np.concatenate([experts, mtp_routing[: len(layers) - n_routed]])
         lookups = self.lookups(layers, experts)
-        for i, layer in enumerate(layers.tolist()):
-            row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=run.m.env.now, tokens=1)
-            yield from self.layer(layer, experts[i], row, None if lookups is None else lookups[i])
+        runs = iter(self.hit_runs(layers, lookups))
+        next_run = next(runs, None)
+        layer_ids = layers.tolist()
+        i = 0
+        while i < len(layer_ids):
+            if next_run is not None and next_run[0] == i:
+                first, last = next_run
+                next_run = next(runs, None)
+                if run.m.env.runs_alone():
+                    self.chain(request, phase, step_no, layers[first:last], experts.shape[1])
+                    i = last
+                    continue
+            row = dict(request=request, phase=phase, step=step_no, layer=layer_ids[i], start_s=run.m.env.now,
+                       tokens=1)
+            lookup = None if lookups is None else (lookups[0][i], lookups[1][i].tolist())
+            yield from self.layer(layer_ids[i], experts[i], row, lookup)
+            i += 1
         self.end_of_token()
         # the token exists once the last layer's kernels (queued on the stream) are done
         yield run.m.gpu.drained()
@@ -66,7 +95,11 @@ class CudaDecode(Decode):
     needs (its encode, a sync, a copy) before it issues it; kernels enqueued on the stream run in order behind
     what was enqueued before them."""
 
-    def lookups(self, layers: np.ndarray, experts: np.ndarray) -> list | None:
+    def __init__(self, run):
+        super().__init__(run)
+        self._hit_chains: dict[int, tuple] = {}  # per expert count k: _hit_chain's chain, seconds and bytes
+
+    def lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
         """Issue 33: a token's lookups in one kernel call when no step of it can change a pool: each step's
         prepare() would find its pool as is (allocated, of its class, at the budget) and its experts fit the
         compact staging (no growth that could release the caches), and no cell is missing. The outcomes are
@@ -80,8 +113,68 @@ class CudaDecode(Decode):
             return None
         if (experts == MISSING).any():
             return None
-        outcome, counts = caches.cache.access_steps(layers, experts, caches.pool_of_layers, MODE_EVICT)
-        return list(zip(outcome, counts.tolist()))
+        return caches.cache.access_steps(layers, experts, caches.pool_of_layers, MODE_EVICT)
+
+    # Issue 33: a decode layer whose experts all hit, in a run alone on its machine (no other process, nothing
+    # queued: Environment.runs_alone), has nothing to wait on but its own jobs, whose ends are known when issued:
+    # `layer`'s jobs for that case (the selected/shared overlap path, no hits first, no non-routed weights over
+    # PCIe) are a chain of the machine's (sim/machine/chains.py), and a run of such layers is one call. The same
+    # jobs in the same order, the same floats (tests/test_ds4_engine.py runs scenarios with chains and without).
+    # False: every layer through `layer`.
+    chain_hits = True
+
+    def hit_runs(self, layers: np.ndarray, lookups: tuple | None) -> list[tuple[int, int]]:
+        run = self.run
+        if lookups is None or not self.chain_hits or not run.knobs.overlap or run.knobs.hits_first:
+            return []
+        outcome, counts = lookups
+        chainable = (counts[:, HIT] == outcome.shape[1]) & (run.weight_host_bytes[layers] == 0)
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], chainable, [False]))))
+        return [(first, last) for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist())
+                if last - first >= CHAIN_MIN_LAYERS]
+
+    def chain(self, request: int, phase: str, step_no: int, layers: np.ndarray, k: int) -> None:
+        chain, seconds, n_bytes = self._hit_chain(k)
+        starts, marks = chain.run(seconds[layers], n_bytes[layers])
+        self.run.loads.record_hits(dict(request=request, phase=phase, step=step_no, tokens=1), layers.tolist(), k,
+                                   starts.tolist(), marks.tolist())
+
+    def _hit_chain(self, k: int) -> tuple:
+        """The jobs of `layer` when its k experts all hit, as a chain, with each layer's seconds and bytes per job
+        (made once per k)."""
+        if k in self._hit_chains:
+            return self._hit_chains[k]
+        run = self.run
+        m = run.m
+        gpu, main, worker = m.gpu, run.main, run.worker
+        then_ops = 1 if m.memcpy_call_s else 0  # to_staging's slot-map upload
+        jobs = [Job(main, WAIT, 1, "graph encode"), Job(gpu, BOOK, 0, "attention + router"),
+                Job(main, SYNC, 1, "device sync", gpu), Job(gpu, BOOK, 0, "shared expert"),
+                Job(worker, WAIT, 1, "ids readback")]
+        n_layers = len(run.decode_s)
+        columns = [np.full(n_layers, run.encode_layer_s), run.decode_s[:, 0], np.full(n_layers, m.sync_s),
+                   run.decode_s[:, 1], np.full(n_layers, m.sync_s + m.memcpy_call_s)]
+        sizes = [0, 0, 0, 0, SELECTED_IDS_BYTES]
+        hit_copy = run.variant.hit_copy
+        if hit_copy == "none":
+            jobs.append(Job(worker, WAIT, then_ops, "slot map upload"))
+        else:
+            staged = k * run.layers.expert_bytes[:n_layers].astype(np.int64)
+            gather = hit_copy != "memcpy"
+            copies = 1 if gather else PARTS_PER_EXPERT * k
+            jobs += [Job(gpu, BOOK, copies, "D2D gather kernel" if gather else "D2D memcpy"),
+                     Job(worker, SYNC, then_ops, "slot map upload", gpu)]
+            columns.append(np.array([m.stream_d2d_s(int(b), copies, gather) for b in staged.tolist()]))
+            sizes.append(staged)
+        columns.append(np.full(n_layers, m.memcpy_call_s))
+        sizes.append(0)
+        mark = len(jobs) - 1  # the step's row is recorded once the slot map is up
+        jobs += [Job(main, SYNC, 1, "flush + join", gpu), Job(gpu, BOOK, 0, "routed experts")]
+        columns += [np.full(n_layers, m.sync_s), run.decode_s[:, 2]]
+        sizes += [0, 0]
+        n_bytes = np.stack([np.broadcast_to(np.asarray(b, np.int64), n_layers) for b in sizes], axis=1)
+        self._hit_chains[k] = (JobChain(m.env, jobs, mark), np.stack(columns, axis=1), n_bytes)
+        return self._hit_chains[k]
 
     def _select_and_load(self, thread, layer: int, experts: np.ndarray, row: dict, routed_s: float,
                          lookup: tuple | None):

@@ -14,6 +14,8 @@ from sim.engines.ds4.geometry import Layers
 from sim.engines.ds4.settings import Knobs
 
 PARTS_PER_EXPERT = 3  # gate, up, down: three file ranges, three copies (§1.8)
+# each part's copy_plan ends: its cache slot and its place in the compact staging
+PART_ENDS = tuple((f"slab:{part}", f"staging:{part}") for part in ("gate", "up", "down"))
 
 
 class Loads:
@@ -23,6 +25,9 @@ class Loads:
         self.m, self.layers, self.knobs, self.pool, self.rec = machine, layers, knobs, pool, recorder
         self.variant = knobs.variant
         self.page_cache_reads = {"hits": 0, "misses": 0}
+        # per layer, Python ints for the step and copy rows (read once per layer step)
+        self.expert_bytes = layers.expert_bytes.tolist()
+        self.part_bytes = layers.part_bytes.tolist()
 
     def read(self, thread, layer: int, experts: np.ndarray, depth: int = 1):
         """Read these experts' 3 parts each into pinned staging, the thread waiting (§1.8): buffered preads go
@@ -136,10 +141,24 @@ class Loads:
             self.m.stream_d2d(n_bytes, 1, "D2D gather kernel", gather_kernel=True)
         yield self.m.gpu.synchronize(thread, then_s, n_ops, then_kind)
 
+    def record_hits(self, row: dict, layers: list, k: int, starts: list, ends: list) -> None:
+        """`record` for layer steps whose k experts all hit, done as a chain (sim/machine/chains.py): `row` the
+        columns they share, starts and ends each step's times."""
+        memory, eb = self.m.memory, self.expert_bytes
+        ids = self.rec.steps_of(len(layers), **row, layer=layers, start_s=starts, end_s=ends, lookups=k, hits=k,
+                                d2d_bytes=[k * eb[layer] for layer in layers], vram_used_bytes=memory.used("vram"),
+                                ram_used_bytes=memory.used("ram"))
+        if self.rec.copy_plan and self.variant.hit_copy != "none":  # each layer's parts handed over, in order
+            n = len(PART_ENDS) * len(layers)
+            self.rec.copies_of([sid for sid in ids for _ in PART_ENDS], "D2D", [k] * n,
+                               [each for layer in layers for each in self.part_bytes[layer]],
+                               [slab for slab, _ in PART_ENDS] * len(layers),
+                               [staging for _, staging in PART_ENDS] * len(layers))
+
     def record(self, row: dict, layer: int, hits: int = 0, loaded: int = 0, direct: int = 0, handed: int = 0,
                drive_bytes: int = 0) -> None:
         """The layer step's row and its copies: loaded into cache slots, loaded directly into staging, handed over."""
-        eb = int(self.layers.expert_bytes[layer])
+        eb = self.expert_bytes[layer]
         fetched = loaded + direct
         memory = self.m.memory
         sid = self.rec.step(**row, end_s=self.m.env.now, h2d_bytes=fetched * eb, d2d_bytes=handed * eb,
@@ -147,8 +166,12 @@ class Loads:
                             vram_used_bytes=memory.used("vram"), ram_used_bytes=memory.used("ram"))
         if not self.rec.copy_plan:  # a run that keeps no copy rows (a sweep point): nothing to name
             return
-        for part, part_bytes in zip(("gate", "up", "down"), self.layers.part_bytes[layer]):
-            self.rec.copy(sid, "H2D", loaded, part_bytes, "file", f"slab:{part}")
-            self.rec.copy(sid, "H2D", direct, part_bytes, "file", f"staging:{part}")
-            if self.variant.hit_copy != "none":
-                self.rec.copy(sid, "D2D", handed, part_bytes, f"slab:{part}", f"staging:{part}")
+        copy = self.rec.copy
+        hand_over = handed and self.variant.hit_copy != "none"
+        for (slab, staging), part_bytes in zip(PART_ENDS, self.part_bytes[layer]):
+            if loaded:
+                copy(sid, "H2D", loaded, part_bytes, "file", slab)
+            if direct:
+                copy(sid, "H2D", direct, part_bytes, "file", staging)
+            if hand_over:
+                copy(sid, "D2D", handed, part_bytes, slab, staging)
