@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import InputError
+from sim.machine.servers import IntervalLog
 from sim.outputs import dumps
 
 
@@ -37,11 +38,19 @@ class RunResult:
 LINK_COLUMNS = ("link", "start_s", "end_s", "bytes", "ops", "kind")
 
 
+def _interval_columns(link) -> tuple:
+    """A server's busy intervals as columns (start_s, end_s, bytes, ops, kind): a one-queue server keeps them so
+    (IntervalLog); a shared resource's overlapping jobs are merged into busy periods first."""
+    if isinstance(link.log, IntervalLog):
+        return link.log.columns()
+    return tuple(zip(*link.intervals()))
+
+
 def link_frame(links) -> pd.DataFrame:
     """One row per busy interval of each server (LINK_COLUMNS), in the given order: links.parquet. Built column
     by column per server: a row tuple per interval held a million-token prompt's intervals twice over."""
     parts = [pd.DataFrame({"link": link.name, **dict(zip(LINK_COLUMNS[1:], columns))})
-             for link in links if (columns := link.interval_columns()) and len(columns[0])]
+             for link in links if (columns := _interval_columns(link)) and len(columns[0])]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(LINK_COLUMNS))
 
 

@@ -181,12 +181,12 @@ def _build_routing(scenario, prompts_to_file: bool) -> WorkloadRouting:
     else:
         stop = threading.Event()
         preset = scenario.trace.generator
+        layers, _, top_k = generator_shape(preset)
 
         def one(job: tuple[int, bool]) -> Trace | tuple:
             i, draft = job
             request = requests[i]
             seed = mtp_seed(scenario.trace.seed, i) if draft else scenario.trace.seed + i
-            layers, _, top_k = generator_shape(preset)
             if not draft and prompts_to_file and request.prompt_tokens * layers * top_k * 2 > PROMPT_FILE_BYTES:
                 return generate_prompt_to_file(preset, request.prompt_tokens, max(request.decode_tokens, 1), seed,
                                                stop=stop)

@@ -98,6 +98,16 @@ def test_a_chain_takes_single_lane_servers_that_share_no_bandwidth():
         JobChain(env, [Job(copy_engine)], 0)
 
 
+def test_only_a_sync_job_names_the_server_it_waits_on():
+    env = Environment()
+    thread, stream = Server(env, "thread"), Server(env, "stream")
+    with pytest.raises(ValueError, match="sync_on"):
+        JobChain(env, [Job(thread, wait=SYNC)], 0)
+    with pytest.raises(ValueError, match="sync_on"):
+        JobChain(env, [Job(thread, wait=WAIT, sync_on=stream)], 0)
+    JobChain(env, [Job(thread, wait=SYNC, sync_on=stream)], 0)
+
+
 def test_the_clock_never_goes_back():
     env = Environment()
     env.move_clock_to(2.0)

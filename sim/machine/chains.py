@@ -45,6 +45,8 @@ class JobChain:
         """mark: the job after whose wait a step's mark time is taken (where an engine records the step's end)."""
         servers: list = []
         for job in jobs:
+            if (job.wait == SYNC) != (job.sync_on is not None):
+                raise ValueError(f"{job.server.name}: a SYNC job names the server it waits on (sync_on), no other does")
             for server in (job.server, job.sync_on):
                 if server is not None and server not in servers:
                     servers.append(server)

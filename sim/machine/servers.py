@@ -184,10 +184,6 @@ class Server:
     def intervals(self) -> list[tuple[float, float, int, int, str]]:
         return list(zip(*self.log.columns()))
 
-    def interval_columns(self) -> tuple[list, list, list, list, list]:
-        """`intervals` as columns (start_s, end_s, bytes, ops, kind), without a tuple per row."""
-        return self.log.columns()
-
 
 class SharedBandwidth:
     """A bandwidth every job in flight shares, such as host DRAM: copies by CPU threads are jobs of a known
@@ -334,9 +330,6 @@ class SharedBandwidth:
     def intervals(self) -> list[tuple[float, float, int, int, str]]:
         """The copies' busy periods (copies overlap: one interval per copy would double count)."""
         return merge_intervals(self.log)
-
-    def interval_columns(self) -> tuple:
-        return tuple(zip(*self.intervals()))
 
 
 def merge_intervals(log: list[tuple[float, float, int, int, str]]) -> list[tuple[float, float, int, int, str]]:

@@ -133,10 +133,6 @@ class Ssd:
         """The drive's busy periods (reads overlap: one interval per read would double count)."""
         return merge_intervals(self.log)
 
-    def interval_columns(self) -> tuple:
-        """`intervals` as columns (start_s, end_s, bytes, ops, kind)."""
-        return tuple(zip(*self.intervals()))
-
 
 # The share of the cached file pages an OS keeps on its inactive list.
 # macOS: xnu's pageout daemon keeps "the fraction of active+inactive pages that should be inactive" at

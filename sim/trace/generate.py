@@ -85,9 +85,8 @@ def generate_prompt_to_file(preset: str, prompt_tokens: int, decode_tokens: int,
     spec, model, (prompt, decode, seed, n_req) = _checked(preset, prompt_tokens, decode_tokens, seed, 1, None)
     header, request, position, phase = _layout(spec, model, preset, prompt, decode, seed, n_req)
     digest = routing_digest(header, request, position, phase)
-    geo = _geometry(spec["model"])
-    prompt_file = RowFile((geo.n_layers, geo.top_k))
-    decode_rows = np.empty((decode, geo.n_layers, geo.top_k), np.uint16)
+    prompt_file = RowFile((header.n_layers, header.top_k))
+    decode_rows = np.empty((decode, header.n_layers, header.top_k), np.uint16)
     for first, rows in model.blocks(seed, n_req, prompt, decode, stop):
         digest.update(rows)
         in_prompt = max(0, min(len(rows), prompt - first))

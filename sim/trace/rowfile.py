@@ -57,12 +57,9 @@ class RowFile:
         view = memoryview(out.reshape(-1).view(np.uint8))
         with self._lock:
             self._file.seek(start * self.row_bytes)
-            done = 0
-            while done < len(view):
-                n = self._file.readinto(view[done:])
-                if not n:
-                    raise OSError(f"the rows' temporary file ended at byte {start * self.row_bytes + done}")
-                done += n
+            done = self._file.readinto(view)  # a buffered file reads until the view is full or the file ends
+        if done < len(view):
+            raise OSError(f"the rows' temporary file ended at byte {start * self.row_bytes + done}")
         return out
 
 
