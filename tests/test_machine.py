@@ -117,7 +117,7 @@ def test_server_starts_jobs_when_a_fifo_simpy_resource_would(lanes, jobs):
 
 
 program = st.lists(st.tuples(st.sampled_from(["hold", "sync", "drained", "book", "timeout", "gate", "spawn",
-                                              "later"]), st.integers(0, 2), st.integers(0, 6)),
+                                              "later", "dram", "read", "dma"]), st.integers(0, 2), st.integers(0, 6)),
                    min_size=1, max_size=12)
 
 
@@ -127,9 +127,14 @@ def test_the_environments_short_cut_moves_nothing(programs):
     """sim.machine.environment.Environment resumes a process without the event queue where nothing can happen in
     between: processes issuing jobs to shared servers, waiting on a gate several of them wait on (an event with
     several callbacks), spawning others and yielding an event later, see the same times in the same order and
-    leave the same server logs as on SimPy's own environment. Times in quarter seconds."""
+    leave the same server logs as on SimPy's own environment. Times in quarter seconds. Lone jobs of the shared
+    DRAM and of the drive take the short cut too (their completion done where its timer would fire), among copies
+    and DMA reservations that share them."""
     def trace(env):
         servers = [Server(env, "stream"), Server(env, "thread", host_thread=True), Server(env, "pool", lanes=2)]
+        dram = SharedBandwidth(env, "dram", 3.0)
+        copy_engine = Server(env, "h2d", bytes_per_s=0.7, dram=dram)
+        ssd = Ssd(env, "ssd", [(1, 2.0), (4, 5.0)], 1.0, 0.1, 4.0)
         gate = env.timeout(1.25)
         seen = []
 
@@ -150,16 +155,22 @@ def test_the_environments_short_cut_moves_nothing(programs):
                     yield gate
                 elif op == "spawn":
                     env.process(proc(f"{pid}.{n}", [("hold", which, quarters)]))
-                else:  # an event yielded after other work
+                elif op == "later":  # an event yielded after other work
                     done = server.hold(seconds, later=True)
                     servers[0].book(0.25)
                     yield done
+                elif op == "dram":  # a CPU copy of `quarters` bytes (twice the traffic), one thread's cap
+                    yield dram.transfer(2 * quarters + 0.1, 1.3 + which, at_once=True)
+                elif op == "read":
+                    yield ssd.read(quarters + 0.3, which + 1, which + 1)
+                else:  # a DMA booked on the copy engine: it reserves DRAM while it runs
+                    copy_engine.book_copy(quarters + 0.2)
                 seen.append((pid, n, env.now))
 
         for pid, steps in enumerate(programs):
             env.process(proc(pid, steps))
         env.run()
-        return seen, [s.intervals() for s in servers]
+        return seen, [s.intervals() for s in (*servers, dram, copy_engine, ssd)], dram.traffic, ssd.busy_s
 
     assert trace(Environment()) == trace(simpy.Environment())
 
@@ -174,6 +185,20 @@ def test_the_short_cut_saves_the_events_of_a_lone_process():
 
     run(env, proc())
     assert env.now == 10.0 and env.events_scheduled == 2  # the process's start and its end, no timeout
+
+
+def test_the_short_cut_saves_the_events_of_lone_dram_jobs_and_reads():
+    env = Environment()
+    dram = SharedBandwidth(env, "dram", 4.0)
+    ssd = Ssd(env, "ssd", [(1, 2.0)], 1.0, 0.0, 4.0)
+
+    def proc():
+        for _ in range(5):
+            yield dram.transfer(2.0, 1.0, at_once=True)  # 2 s at its cap
+            yield ssd.read(4.0, 2)  # 2 s at the drive's rate
+    run(env, proc())
+    assert env.now == 20.0 and env.events_scheduled == 2  # no completion timer, no job event
+    assert len(dram.intervals()) == 5 and dram.busy_s == 10.0 and ssd.busy_s == 10.0
 
 
 def test_synchronize_waits_for_the_queue_then_pays_the_call():

@@ -152,7 +152,7 @@ class Machine:
         """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job
         of twice the bytes (read + write), each thread at most the profile's one-thread copy rate. A process:
         `yield from machine.memcpy(...)`; the thread server logs the copy."""
-        yield self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind)
+        yield self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind, at_once=True)
 
     def cpu_kernel(self, thread: Server, n_bytes: float, n_threads: int, kind: str = "CPU kernel") -> simpy.Event:
         """`n_threads` threads running an expert kernel over n_bytes of weights in host RAM (a CPU expert pool): a
@@ -166,20 +166,25 @@ class Machine:
         CPU): each distinct expert's weights come out of DRAM once (read_bytes), while the dot products pass over
         work_bytes of weights (an expert's bytes once per token routed to it) at the profile's expert kernel rate
         per core. A DRAM job of the bytes read that lasts at least work_bytes / (n_threads x that rate); with one
-        token the two are equal and this is `cpu_kernel`."""
+        token the two are equal and this is `cpu_kernel`. The calling process yields the event at once."""
         if work_bytes <= 0:
             return self.env.timeout(0)
         cap = self._cores(n_threads) * self.expert_kernel_bytes_per_s * read_bytes / work_bytes
-        return self._dram_job(thread, read_bytes, work_bytes, cap, kind)
+        return self._dram_job(thread, read_bytes, work_bytes, cap, kind, at_once=True)
 
     def _cores(self, n_threads: int) -> int:
         return min(n_threads, self.physical_cores)
 
     def _dram_job(self, thread: Server, traffic: float, n_bytes: float, cap_bytes_per_s: float,
-                  kind: str) -> simpy.Event:
+                  kind: str, at_once: bool = False) -> simpy.Event:
+        """A DRAM job the thread server logs when it ends. `at_once`: the caller yields the event at once
+        (SharedBandwidth.transfer), so it may be over already, the clock moved to its end."""
         start = self.env.now
-        done = self.dram.transfer(traffic, cap_bytes_per_s, kind)
-        done.callbacks.append(lambda _e: thread.record(start, self.env.now, n_bytes, 1, kind))
+        done = self.dram.transfer(traffic, cap_bytes_per_s, kind, at_once=at_once)
+        if done.callbacks is None:  # processed: the job ended where the clock is now
+            thread.record(start, self.env.now, n_bytes, 1, kind)
+        else:
+            done.callbacks.append(lambda _e: thread.record(start, self.env.now, n_bytes, 1, kind))
         return done
 
     def vram_read_s(self, n_bytes):

@@ -5,7 +5,9 @@ when it is issued: a thread's host call, a stream sync. SimPy makes each such wa
 pushed, popped, the process resumed from the queue. When the waiting process is the only one the event being
 processed wakes, and no queued event is due before the job ends, nothing can happen in between: `elapse` then
 moves the clock to the job's end and the process goes on at once (SimPy resumes a process on an already processed
-event without the queue). A process that finds itself alone with an empty queue (`runs_alone`) may go further: a
+event without the queue). A lone job of the host's DRAM or of the drive (SharedBandwidth, Ssd), which its process
+yields at once, takes the short cut too: its completion is done where its timer would have fired (`can_elapse`
+says whether that is exact). A process that finds itself alone with an empty queue (`runs_alone`) may go further: a
 chain of such jobs computed in one call (sim/machine/chains.py; ds4's decode layers whose experts all hit), the
 clock then moved to its end (`move_clock_to`). The times are the same floats either way (the clock lands where
 the timeout would have: now + delay), so every result is too (tests/test_machine.py runs the same jobs on SimPy's own
@@ -54,13 +56,17 @@ class Environment(simpy.Environment):
         """The event a process yields at once to wait `delay` seconds: the short cut where it is exact, else
         a timeout. Only for a process that yields it straight away (an event to yield later, or to hang callbacks
         on, is a timeout)."""
-        target = self._now + delay
-        queue = self._queue
-        if (self._alone is None or self._alone is not self._active_proc or delay < 0
-                or (queue and queue[0][0] <= target)):
+        if not self.can_elapse(delay):
             return self.timeout(delay)
-        self._now = target
+        self._now += delay
         return self._elapsed
+
+    def can_elapse(self, delay: float) -> bool:
+        """Whether `elapse(delay)` takes the short cut: the active process was woken alone and no queued event is
+        due by the time it would wake."""
+        queue = self._queue
+        return (self._alone is not None and self._alone is self._active_proc and delay >= 0
+                and not (queue and queue[0][0] <= self._now + delay))
 
     def runs_alone(self) -> bool:
         """Whether the active process may wait inline: the event being processed woke it alone and no event is

@@ -27,6 +27,8 @@ import math
 
 import simpy
 
+from sim.machine.environment import Environment
+
 
 class IntervalLog:
     """A server's busy intervals (start_s, end_s, bytes, ops, kind) as five columns. Appending a float, an int and
@@ -207,7 +209,11 @@ class SharedBandwidth:
         self.log: list[tuple[float, float, int, int, str]] = []
         self._busy_since: float | None = None
 
-    def transfer(self, traffic_bytes: float, cap_bytes_per_s: float, kind: str = "copy") -> simpy.Event:
+    def transfer(self, traffic_bytes: float, cap_bytes_per_s: float, kind: str = "copy", *,
+                 at_once: bool = False) -> simpy.Event:
+        """A job of `traffic_bytes` at most `cap_bytes_per_s`, issued now; the event fires when it is done.
+        `at_once`: the calling process yields it at once, and a lone job may then take the environment's short
+        cut (`_lone_at_once`)."""
         event = self.env.event()
         if traffic_bytes <= 0:
             event.succeed()
@@ -215,12 +221,31 @@ class SharedBandwidth:
         self._advance()
         if not self.jobs:
             self._busy_since = self.env.now
-        self.jobs.append([float(traffic_bytes), cap_bytes_per_s, event, traffic_bytes, self.env.now, kind])
+        job = [float(traffic_bytes), cap_bytes_per_s, event, traffic_bytes, self.env.now, kind]
+        self.jobs.append(job)
         self.traffic += traffic_bytes
         self.bytes_moved += int(traffic_bytes)
         self.ops += 1
+        if at_once and len(self.jobs) == 1:
+            return self._lone_at_once(job)
         self._reschedule()
         return event
+
+    def _lone_at_once(self, job: list) -> simpy.Event:
+        """A lone job whose process yields it at once: when nothing can happen before it ends (Environment.
+        can_elapse), the clock moves to where its completion timer would fire and the completion is done there,
+        without the timer's and the job's events. The same floats as the timer's path: the same end, the same
+        progress check (`_finish`). Otherwise, or if that check finds bytes left, the timer's path."""
+        env = self.env
+        now = env.now
+        due = self._lone_job_end(job)
+        delay = max(0.0, due - now)
+        if not (isinstance(env, Environment) and env.can_elapse(delay)):  # (SimPy's own has no short cut)
+            self._reschedule()
+            return job[2]
+        self.version += 1  # a timer set before this job can no longer act (as _reschedule does)
+        elapsed = env.elapse(delay)
+        return elapsed if self._finish(job) else job[2]
 
     def reserve_during(self, start_s: float, end_s: float, bytes_per_s: float) -> None:
         """A DMA's traffic from start_s to end_s (its job on a copy engine is already booked)."""
@@ -304,6 +329,11 @@ class SharedBandwidth:
     def _tick(self, version: int) -> None:
         if version != self.version:
             return
+        self._finish()
+
+    def _finish(self, waited: list | None = None) -> bool:
+        """The jobs' progress to now; those done logged and their events fired, but `waited`'s (a job whose
+        process goes on at once, _lone_at_once); the next completion timed. Whether `waited` is done."""
         self._advance()
         now = self.env.now
         # A job is done when what is left would take less than the clock can resolve at `now`: float time
@@ -315,11 +345,13 @@ class SharedBandwidth:
         self.jobs = [job for job, f in zip(self.jobs, finished) if not f]
         for job in done:
             self.log.append((job[4], now, int(job[3]), 1, job[5]))
-            job[2].succeed()
+            if job is not waited:
+                job[2].succeed()
         if not self.jobs and self._busy_since is not None:
             self.busy_s += now - self._busy_since
             self._busy_since = None
         self._reschedule()
+        return any(job is waited for job in done)
 
     def summary(self, elapsed_s: float) -> dict:
         """busy_s: time with a CPU copy in flight; utilisation: all traffic (copies and DMA) over the bandwidth."""

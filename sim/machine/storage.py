@@ -30,6 +30,7 @@ import numpy as np
 import simpy
 
 from sim.cache.kernels import page_cache_access, page_cache_drop, page_cache_shrink
+from sim.machine.environment import Environment
 from sim.machine.servers import merge_intervals
 
 
@@ -69,7 +70,8 @@ class Ssd:
 
     def read(self, n_bytes: float, n_reads: int = 1, depth: int = 1) -> simpy.Event:
         """`n_reads` reads of n_bytes / n_reads each, `depth` of them in flight at a time (a reader thread is
-        depth 1; io_uring or a pool submits more). Fires when the last one is done."""
+        depth 1; io_uring or a pool submits more). Fires when the last one is done; the calling process yields
+        it at once, so a lone read may take the environment's short cut (`_lone_at_once`)."""
         event = self.env.event()
         if n_bytes <= 0 or n_reads <= 0:
             event.succeed()
@@ -77,11 +79,28 @@ class Ssd:
         self._advance()
         if not self.jobs:
             self._busy_since = self.env.now
-        self.jobs.append([float(n_reads), n_bytes / n_reads, depth, event, n_bytes, self.env.now, n_reads])
+        job = [float(n_reads), n_bytes / n_reads, depth, event, n_bytes, self.env.now, n_reads]
+        self.jobs.append(job)
         self.bytes_moved += int(n_bytes)
         self.ops += n_reads
+        if len(self.jobs) == 1:
+            return self._lone_at_once(job)
         self._reschedule()
         return event
+
+    def _lone_at_once(self, job: list) -> simpy.Event:
+        """A lone read: when nothing can happen before it ends (Environment.can_elapse), the clock moves to where
+        its completion timer would fire and the completion is done there, without the timer's and the read's
+        events; the same floats as the timer's path (`_finish` checks what is left the same way). Otherwise, or
+        if requests are left, the timer's path."""
+        rate = self._rates()[0]
+        delay = max(job[0], 0.0) / rate
+        if not (isinstance(self.env, Environment) and self.env.can_elapse(delay)):  # (SimPy's own: no short cut)
+            self._reschedule()
+            return job[3]
+        self.version += 1  # a timer set before this read can no longer act (as _reschedule does)
+        elapsed = self.env.elapse(delay)
+        return elapsed if self._finish(job) else job[3]
 
     def fault_reads(self, n_bytes: float) -> int:
         """How many requests page faults of a mapped file make to read n_bytes (read-ahead sized)."""
@@ -113,17 +132,24 @@ class Ssd:
     def _tick(self, version: int) -> None:
         if version != self.version:
             return  # the shares changed since this completion was scheduled
+        self._finish()
+
+    def _finish(self, waited: list | None = None) -> bool:
+        """The reads' progress to now; those done logged and their events fired, but `waited`'s (a read whose
+        process goes on at once, _lone_at_once); the next completion timed. Whether `waited` is done."""
         self._advance()
         done = [job for job in self.jobs if job[0] <= 1e-9]
         self.jobs = [job for job in self.jobs if job[0] > 1e-9]
         now = self.env.now
         for job in done:
             self.log.append((job[5], now, int(job[4]), job[6], "read"))
-            job[3].succeed()
+            if job is not waited:
+                job[3].succeed()
         if not self.jobs and self._busy_since is not None:
             self.busy_s += now - self._busy_since
             self._busy_since = None
         self._reschedule()
+        return any(job is waited for job in done)
 
     def summary(self, elapsed_s: float) -> dict:
         return {"link": self.name, "busy_s": self.busy_s, "bytes": self.bytes_moved, "ops": self.ops,
