@@ -21,6 +21,7 @@ from sim.trace.format import (
     PHASE_PREFILL,
     Trace,
     TraceHeader,
+    distinct_experts,
     read_trace,
     write_trace,
 )
@@ -407,3 +408,14 @@ def test_fuzz_mutated_parquet(fuzz_dir, data):
     with open(path, "wb") as f:
         f.write(bytes(buf))
     _read_or_input_error(path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.lists(st.integers(0, 299), max_size=60), st.integers(0, 20))
+def test_distinct_experts_are_numpys_unique_without_missing(n_experts, ids, n_missing):
+    """The mask gives np.unique's ids and dtype (the oracle), in any shape, MISSING cells left out."""
+    cells = np.array([i % n_experts for i in ids] + [MISSING] * n_missing, np.uint16)
+    rows = cells.reshape(1, -1, 1) if len(cells) else cells
+    expected = np.unique(cells[cells != MISSING])
+    got = distinct_experts(rows, n_experts)
+    assert got.dtype == expected.dtype and got.tolist() == expected.tolist()

@@ -31,6 +31,14 @@ PHASE_NAMES = ("prefill", "decode")
 MISSING = np.uint16(0xFFFF)
 
 
+def distinct_experts(rows: np.ndarray, n_experts: int) -> np.ndarray:
+    """The distinct expert ids of routing cells (any shape), ascending, MISSING left out: np.unique's answer by a
+    mask over the ids instead of a sort (a 5,120-token prompt chunk's layer, 30K cells: ~1 ms sorted)."""
+    seen = np.zeros(n_experts + 1, np.bool_)
+    seen[np.minimum(rows, n_experts)] = True  # MISSING marks the spare last flag
+    return np.flatnonzero(seen[:n_experts]).astype(rows.dtype)
+
+
 @dataclass(frozen=True)
 class TraceHeader:
     model: str

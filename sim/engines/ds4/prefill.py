@@ -19,7 +19,7 @@ from sim.cache.replay import Geometry, read_profile, trace_profile
 from sim.engines.ds4.decode import SELECTED_IDS_BYTES
 from sim.engines.ds4.sizing import hotlist_seed_plan
 from sim.errors import InputError
-from sim.trace.format import MISSING
+from sim.trace.format import distinct_experts
 from sim.trace.generate import HOTLIST_PROFILE_SEED, generate_trace, hotlist_profile_tokens
 
 
@@ -62,8 +62,7 @@ class Prefill:
             yield from m.host_read(run.weight_host_bytes[layer], "non-routed weights over PCIe")
         yield m.gpu.hold(other_s + run.prefill_chunk_fixed_s, 0, 0, "attention + router (chunk)")
         yield main.hold(m.sync_s + m.memcpy_call_s, T * SELECTED_IDS_BYTES, 1, "ids readback")
-        union = np.unique(rows[:, layer])
-        union = union[union != MISSING]
+        union = distinct_experts(rows[:, layer], run.layers.n_experts)
         n_bytes = int(len(union) * run.layers.expert_bytes[layer])
         if run.variant.prefill_whole_layers:
             drive = yield from loads.stream_whole_layer(main, layer)

@@ -31,7 +31,7 @@ from sim.engines.llamacpp.vram import FP32_BYTES, layer_weight_bytes, part_bytes
 from sim.engines.llamacpp.settings import RUN_PADDING_BYTES, Knobs
 from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
-from sim.trace.format import MISSING
+from sim.trace.format import MISSING, distinct_experts
 from sim.units import GIB, MIB
 
 IDS_BYTES = 4  # one int32 expert id per (token, slot), read back before an offloaded layer (§3)
@@ -145,7 +145,7 @@ class LlamaCppProcess:
         n = len(rows)
         yield from self._switch(n * self.hidden_bytes + rows.size * IDS_BYTES, True)
         selected = rows[rows != MISSING]
-        used = np.unique(selected)
+        used = distinct_experts(rows, self.n_experts)
         fault = yield from self._faults(layer, used)
         read = len(used) * int(self.cpu_bytes[layer])
         work = len(selected) * int(self.cpu_bytes[layer])
@@ -162,7 +162,7 @@ class LlamaCppProcess:
         yield self.main.hold(m.sync_s + m.memcpy_call_s, rows.size * IDS_BYTES, 1, "ids readback")
         if knobs.copy_used_only:
             distinct, runs, padded = used_runs(rows, self.n_experts)
-            experts = np.unique(rows[rows != MISSING])
+            experts = distinct_experts(rows, self.n_experts)
         else:
             distinct, runs, padded = self.n_experts, 1, 0
             experts = np.arange(self.n_experts)
@@ -186,7 +186,7 @@ class LlamaCppProcess:
         (every token's matmuls, its k experts, its attention's reads) [E: CPU attention priced as its K/V reads]."""
         n = len(rows)
         selected = rows[rows != MISSING]
-        used = np.unique(selected)
+        used = distinct_experts(rows, self.n_experts)
         fault = yield from self._faults(layer, used)
         expert = int(self.cpu_bytes[layer])
         read = self.layer_weight_bytes + len(used) * expert + self._kv_bytes(first + n - 1, 1)
