@@ -84,7 +84,7 @@ def test_runs_are_identical_with_and_without_the_memo(monkeypatch):
 def test_sweep_bench_rows_on_a_tiny_grid():
     from sim.explore.bench import sweep_rows
 
-    rows = {r["name"]: r for r in sweep_rows(n_points=2, speedup_points=2)}
+    rows = {r["name"]: r for r in sweep_rows(n_points=2)}
     assert set(rows) == {"sweep_expand", "sweep_2_points", "sweep_cpu_per_point", "sweep_failed_points",
                          "sweep_speedup_1_to_2_workers"}
     assert rows["sweep_failed_points"]["value"] == 0
