@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.engines.llamacpp.process import used_runs
+from sim.trace.format import distinct_experts
 from sim.engines.llamacpp.settings import VARIANTS, Flags, Knobs, cpu_placement
 from sim.errors import InputError
 from sim.model.presets import get_preset
@@ -135,12 +136,14 @@ def _runs_by_loop(ids: list[int], n_experts: int) -> tuple[int, int, int]:
 
 @given(st.lists(st.integers(0, 31), min_size=1, max_size=64))
 def test_used_experts_are_copied_in_runs_of_consecutive_ids(ids):
-    assert used_runs(np.array(ids, np.uint16), 32) == _runs_by_loop(ids, 32)
+    experts = distinct_experts(np.array(ids, np.uint16), 32)
+    assert (len(experts), *used_runs(experts, 32)) == _runs_by_loop(ids, 32)
 
 
 def test_used_runs_known_answer():
     # experts 0,1,2 | 5 | 30,31: three runs, the last one ends at the tensor's last expert and is not padded
-    assert used_runs(np.array([[2, 0], [1, 5], [31, 30]], np.uint16), 32) == (6, 3, 2)
+    assert used_runs(distinct_experts(np.array([[2, 0], [1, 5], [31, 30]], np.uint16), 32), 32) == (3, 2)
+    assert used_runs(np.array([], np.uint16), 32) == (0, 0)  # a ubatch whose rows all miss the layer
 
 
 def test_a_placement_that_does_not_fit_the_card_is_pruned_and_refused_naming_the_knob():

@@ -162,7 +162,7 @@ def test_the_environments_short_cut_moves_nothing(programs):
                 elif op == "dram":  # a CPU copy of `quarters` bytes (twice the traffic), one thread's cap
                     yield dram.transfer(2 * quarters + 0.1, 1.3 + which, at_once=True)
                 elif op == "read":
-                    yield ssd.read(quarters + 0.3, which + 1, which + 1)
+                    yield ssd.read(quarters + 0.3, which + 1, which + 1, at_once=True)
                 else:  # a DMA booked on the copy engine: it reserves DRAM while it runs
                     copy_engine.book_copy(quarters + 0.2)
                 seen.append((pid, n, env.now))
@@ -195,7 +195,7 @@ def test_the_short_cut_saves_the_events_of_lone_dram_jobs_and_reads():
     def proc():
         for _ in range(5):
             yield dram.transfer(2.0, 1.0, at_once=True)  # 2 s at its cap
-            yield ssd.read(4.0, 2)  # 2 s at the drive's rate
+            yield ssd.read(4.0, 2, at_once=True)  # 2 s at the drive's rate
     run(env, proc())
     assert env.now == 20.0 and env.events_scheduled == 2  # no completion timer, no job event
     assert len(dram.intervals()) == 5 and dram.busy_s == 10.0 and ssd.busy_s == 10.0

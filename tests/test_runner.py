@@ -143,3 +143,26 @@ def test_dask_workers_that_cannot_load_the_scenario_or_load_another_are_named_be
     other = lambda fn, path, data: ("0" * 64, None)  # noqa: E731 - another version of the files
     with pytest.raises(InputError, match=f"loads another scenario there \\(hash 000000000000, here {here[:12]}\\)"):
         _check_workers_load(_Workers({"tcp://a:1": other}), tasks)
+
+
+def test_stopping_the_workers_also_waits_for_the_pools_manager_thread():
+    """An interrupted sweep's pool: its workers end, and so does the manager thread that closes the pool's
+    wake-up pipe, before the interpreter's exit hook writes to that pipe (a CPython 3.11 race that printed
+    "Exception ignored ... Bad file descriptor" after SIGTERM)."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from sim.explore.runner import _stop_workers
+
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    pool.submit(time.sleep, 60)
+    deadline = time.monotonic() + 30
+    while not pool._processes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manager, workers = pool._executor_manager_thread, list(pool._processes.values())
+    _stop_workers(pool)
+    assert manager is not None and not manager.is_alive()
+    for worker in workers:
+        worker.join(timeout=10)
+        assert not worker.is_alive()

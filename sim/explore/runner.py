@@ -43,6 +43,9 @@ EXECUTORS = ("inline", "processes", "dask")
 # share_routing's smallest number of tasks per worker: a batch of points that all route alike still comes in
 # this many pieces a worker, so the workers finish near together (a scheduling choice, no model input)
 SHARED_TASKS_PER_WORKER = 8
+# how long an interrupted sweep waits for its pool's manager thread to see the workers gone (s; it takes
+# milliseconds; the bound only keeps a stuck thread from holding the exit)
+MANAGER_JOIN_S = 5.0
 
 
 def load_scenario_data(path: str | Path, data: dict, profile_values: dict | None = None):
@@ -317,14 +320,21 @@ def _exit_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
 
 
 def _stop_workers(pool) -> None:
-    """End a pool's workers now (an interrupted sweep): what they are running would be lost anyway."""
+    """End a pool's workers now (an interrupted sweep): what they are running would be lost anyway.
+
+    Then wait (bounded) for the pool's manager thread, which sees the workers gone and closes its wake-up pipe.
+    Left running, it races concurrent.futures' exit hook, which writes to that pipe without the pool's lock:
+    on CPython 3.11 the interpreter's exit then printed "Exception ignored ... Bad file descriptor"."""
+    manager = getattr(pool, "_executor_manager_thread", None)  # private, read before shutdown forgets it
     stop = getattr(pool, "terminate_workers", None)  # Python >= 3.14
     if stop is not None:
         stop()
-        return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):  # before 3.14: no public way
-        process.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
+    else:
+        for process in list((getattr(pool, "_processes", None) or {}).values()):  # before 3.14: no public way
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+    if manager is not None:
+        manager.join(timeout=MANAGER_JOIN_S)
 
 
 def _local(tasks: list[Task], workers: int):

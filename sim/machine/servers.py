@@ -23,6 +23,7 @@ lanes and the Perfetto trace are drawn from these logs.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import simpy
@@ -187,7 +188,36 @@ class Server:
         return list(zip(*self.log.columns()))
 
 
-class SharedBandwidth:
+class SharedProgress(abc.ABC):
+    """What a resource whose jobs share it (SharedBandwidth here, the drive's Ssd) does for a lone job that its
+    process yields at once: the environment's short cut. The subclass keeps its jobs' progress (`_finish`: the
+    progress to now, the jobs done fired but the waited one, the next completion timed; `_reschedule`: that
+    timing alone) and says when the lone job would end."""
+
+    env: simpy.Environment
+    version: int  # a completion timer acts only if the version it was set at is still current
+
+    @abc.abstractmethod
+    def _finish(self, waited: list | None = None) -> bool: ...
+
+    @abc.abstractmethod
+    def _reschedule(self) -> None: ...
+
+    def _lone_at_once(self, job: list, event: simpy.Event, delay: float) -> simpy.Event:
+        """A lone job ending `delay` from now: when nothing can happen before then (Environment.can_elapse), the
+        clock moves to where its completion timer would fire and the completion is done there, without the
+        timer's and the job's events. The same floats as the timer's path: the same end, the same progress check
+        (`_finish`). Otherwise, or if that check finds work left, the timer's path and the job's event."""
+        env = self.env
+        if not (isinstance(env, Environment) and env.can_elapse(delay)):  # (SimPy's own has no short cut)
+            self._reschedule()
+            return event
+        self.version += 1  # a timer set before this job can no longer act (as _reschedule does)
+        elapsed = env.elapse(delay)
+        return elapsed if self._finish(job) else event
+
+
+class SharedBandwidth(SharedProgress):
     """A bandwidth every job in flight shares, such as host DRAM: copies by CPU threads are jobs of a known
     traffic (a memcpy reads and writes: 2 bytes of traffic per byte copied) whose rate is their fair share of
     what is left, capped by the job's own limit (one thread's copy rate), water-filling the rest; DMA engines
@@ -227,25 +257,9 @@ class SharedBandwidth:
         self.bytes_moved += int(traffic_bytes)
         self.ops += 1
         if at_once and len(self.jobs) == 1:
-            return self._lone_at_once(job)
+            return self._lone_at_once(job, event, max(0.0, self._lone_job_end(job) - self.env.now))
         self._reschedule()
         return event
-
-    def _lone_at_once(self, job: list) -> simpy.Event:
-        """A lone job whose process yields it at once: when nothing can happen before it ends (Environment.
-        can_elapse), the clock moves to where its completion timer would fire and the completion is done there,
-        without the timer's and the job's events. The same floats as the timer's path: the same end, the same
-        progress check (`_finish`). Otherwise, or if that check finds bytes left, the timer's path."""
-        env = self.env
-        now = env.now
-        due = self._lone_job_end(job)
-        delay = max(0.0, due - now)
-        if not (isinstance(env, Environment) and env.can_elapse(delay)):  # (SimPy's own has no short cut)
-            self._reschedule()
-            return job[2]
-        self.version += 1  # a timer set before this job can no longer act (as _reschedule does)
-        elapsed = env.elapse(delay)
-        return elapsed if self._finish(job) else job[2]
 
     def reserve_during(self, start_s: float, end_s: float, bytes_per_s: float) -> None:
         """A DMA's traffic from start_s to end_s (its job on a copy engine is already booked)."""

@@ -30,11 +30,10 @@ import numpy as np
 import simpy
 
 from sim.cache.kernels import page_cache_access, page_cache_drop, page_cache_shrink
-from sim.machine.environment import Environment
-from sim.machine.servers import merge_intervals
+from sim.machine.servers import SharedProgress, merge_intervals
 
 
-class Ssd:
+class Ssd(SharedProgress):
     """Reads sharing one drive (processor sharing over requests in flight)."""
 
     def __init__(self, env: simpy.Environment, name: str, table: list[tuple[int, float]], ref_request_bytes: float,
@@ -68,10 +67,10 @@ class Ssd:
                 return r0 + (r1 - r0) * (depth - q0) / (q1 - q0)
         return r[-1]
 
-    def read(self, n_bytes: float, n_reads: int = 1, depth: int = 1) -> simpy.Event:
+    def read(self, n_bytes: float, n_reads: int = 1, depth: int = 1, *, at_once: bool = False) -> simpy.Event:
         """`n_reads` reads of n_bytes / n_reads each, `depth` of them in flight at a time (a reader thread is
-        depth 1; io_uring or a pool submits more). Fires when the last one is done; the calling process yields
-        it at once, so a lone read may take the environment's short cut (`_lone_at_once`)."""
+        depth 1; io_uring or a pool submits more). Fires when the last one is done. `at_once`: the calling process
+        yields it at once, and a lone read may then take the environment's short cut (`_lone_at_once`)."""
         event = self.env.event()
         if n_bytes <= 0 or n_reads <= 0:
             event.succeed()
@@ -83,24 +82,10 @@ class Ssd:
         self.jobs.append(job)
         self.bytes_moved += int(n_bytes)
         self.ops += n_reads
-        if len(self.jobs) == 1:
-            return self._lone_at_once(job)
+        if at_once and len(self.jobs) == 1:
+            return self._lone_at_once(job, event, max(job[0], 0.0) / self._rates()[0])
         self._reschedule()
         return event
-
-    def _lone_at_once(self, job: list) -> simpy.Event:
-        """A lone read: when nothing can happen before it ends (Environment.can_elapse), the clock moves to where
-        its completion timer would fire and the completion is done there, without the timer's and the read's
-        events; the same floats as the timer's path (`_finish` checks what is left the same way). Otherwise, or
-        if requests are left, the timer's path."""
-        rate = self._rates()[0]
-        delay = max(job[0], 0.0) / rate
-        if not (isinstance(self.env, Environment) and self.env.can_elapse(delay)):  # (SimPy's own: no short cut)
-            self._reschedule()
-            return job[3]
-        self.version += 1  # a timer set before this read can no longer act (as _reschedule does)
-        elapsed = self.env.elapse(delay)
-        return elapsed if self._finish(job) else job[3]
 
     def fault_reads(self, n_bytes: float) -> int:
         """How many requests page faults of a mapped file make to read n_bytes (read-ahead sized)."""

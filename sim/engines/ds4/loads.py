@@ -40,12 +40,12 @@ class Loads:
         if self.knobs.buffered:
             keys, in_ram, drive = self.page_cache_lookup(layer, experts)
             if drive:
-                yield m.ssd.read(drive, PARTS_PER_EXPERT * int((~in_ram).sum()), depth)
+                yield m.ssd.read(drive, PARTS_PER_EXPERT * int((~in_ram).sum()), depth, at_once=True)
             yield from m.memcpy(thread, n_bytes, 1, "pread copy")
             if not self.knobs.keep_pages:  # posix_fadvise / madvise DONTNEED after the copy
                 m.page_cache.drop(keys)
             return drive
-        yield m.ssd.read(n_bytes, PARTS_PER_EXPERT * len(experts), depth)
+        yield m.ssd.read(n_bytes, PARTS_PER_EXPERT * len(experts), depth, at_once=True)
         return n_bytes
 
     def load(self, thread, layer: int, experts: np.ndarray):
@@ -84,7 +84,7 @@ class Loads:
         m = self.m
         keys, _, drive = self.page_cache_lookup(layer, experts)
         if drive:
-            yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1)
+            yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1, at_once=True)
         if not self.knobs.keep_pages:
             m.page_cache.drop(keys)
         return drive

@@ -100,7 +100,7 @@ class MetalDecode(Decode):
             return
         n_bytes = int(self.weight_bytes[layer])
         self.weight_fault_bytes += n_bytes
-        yield m.ssd.read(n_bytes, m.ssd.fault_reads(n_bytes), 1)
+        yield m.ssd.read(n_bytes, m.ssd.fault_reads(n_bytes), 1, at_once=True)
 
     def _read(self, layer: int, experts: np.ndarray):
         """The misses' preads (begin_selected_load, ds4_metal.m L14057): 3 tasks per expert (gate, up, down) on
@@ -117,7 +117,7 @@ class MetalDecode(Decode):
         def worker(thread):
             for part, cached in tasks:  # the shared iterator: the next task to whichever worker is free
                 if not cached:
-                    yield m.ssd.read(part, 1, 1)
+                    yield m.ssd.read(part, 1, 1, at_once=True)
                 yield from m.memcpy(thread, part, 1, "pread copy")
 
         n_workers = min(run.knobs.pool_workers, PARTS_PER_EXPERT * len(experts))

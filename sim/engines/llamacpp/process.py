@@ -37,16 +37,14 @@ from sim.units import GIB, MIB
 IDS_BYTES = 4  # one int32 expert id per (token, slot), read back before an offloaded layer (§3)
 
 
-def used_runs(experts: np.ndarray, n_experts: int) -> tuple[int, int, int]:
-    """The experts a ubatch's rows select at one layer, as the scheduler copies them (ggml-backend.cpp:1676-1709):
-    (distinct experts, runs of consecutive ids, runs that end before the tensor's last expert and so are padded)."""
-    mask = np.zeros(n_experts + 1, bool)
-    ids = experts[experts != MISSING].astype(np.int64)
-    mask[ids] = True
-    used = mask[:n_experts]
-    starts = used & ~np.concatenate(([False], used[:-1]))
-    runs = int(starts.sum())
-    return int(used.sum()), runs, runs - int(used[-1])
+def used_runs(experts: np.ndarray, n_experts: int) -> tuple[int, int]:
+    """How the scheduler copies a ubatch's distinct experts of one layer (ascending, as distinct_experts gives
+    them; ggml-backend.cpp:1676-1709): (runs of consecutive ids, runs that end before the tensor's last expert and
+    so are padded)."""
+    if experts.size == 0:
+        return 0, 0
+    runs = 1 + int(np.count_nonzero(np.diff(experts.astype(np.int64)) != 1))
+    return runs, runs - int(experts[-1] == n_experts - 1)
 
 
 class LlamaCppProcess:
@@ -127,7 +125,7 @@ class LlamaCppProcess:
         hit = self.m.page_cache.access(layer * self.n_experts + experts.astype(np.int64))
         missing = int((~hit).sum()) * int(self.cpu_bytes[layer])
         if missing:
-            yield self.m.ssd.read(missing, self.m.ssd.fault_reads(missing))
+            yield self.m.ssd.read(missing, self.m.ssd.fault_reads(missing), at_once=True)
             self.totals["page_fault_read_bytes"] += missing
         return missing
 
@@ -161,8 +159,8 @@ class LlamaCppProcess:
         yield m.gpu.drained()
         yield self.main.hold(m.sync_s + m.memcpy_call_s, rows.size * IDS_BYTES, 1, "ids readback")
         if knobs.copy_used_only:
-            distinct, runs, padded = used_runs(rows, self.n_experts)
             experts = distinct_experts(rows, self.n_experts)
+            distinct, (runs, padded) = len(experts), used_runs(experts, self.n_experts)
         else:
             distinct, runs, padded = self.n_experts, 1, 0
             experts = np.arange(self.n_experts)

@@ -135,7 +135,7 @@ class Decode:
             missed = file_miss[~m.page_cache.access(file_miss)]
             drive = int(run.pair_blob[missed].sum())
             if drive:
-                yield m.ssd.read(drive, m.ssd.fault_reads(drive), min(self.pool_threads, len(missed)))
+                yield m.ssd.read(drive, m.ssd.fault_reads(drive), min(self.pool_threads, len(missed)), at_once=True)
         T = len(rows)
         dense_s = np.full(L, self.layer_latency_s + m.vram_read_s(self.dense_layer_bytes))
         dense_s[self.qsa_layer] += m.vram_read_s(T * context_tokens * QSA_POOLED_KEY_BYTES_PER_CELL)

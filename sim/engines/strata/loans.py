@@ -87,7 +87,7 @@ class Loans:
             missed = ~m.page_cache.access(file_pairs)
             drive = int(run.pair_blob[file_pairs[missed]].sum())
             if drive:  # the refill thread's page faults, one after another
-                yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1)
+                yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1, at_once=True)
         yield m.h2d.copy(int(blobs.sum()), len(pairs), "refill", pageable_bytes=b[RAM_PAGEABLE] + b[FILE])
         yield run.main.hold(m.sync_s + m.memcpy_call_s, 0, 1, "refill sync")
         place.on_gpu[pairs] = True
