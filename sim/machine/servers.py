@@ -167,7 +167,9 @@ class Server:
         """A host thread's synchronize on this stream or copy engine, called now: the thread waits until every
         job issued here so far is done (their ends are known: each was issued with its service time), then
         spends `seconds` of its own (the call's cost, or its next host call). The event fires at its end."""
-        return self._wait(thread._book(seconds, 0, n_ops, kind, max(self.env.now, self.idle_at())) - self.env.now)
+        free, now = self.free_at, self.env.now
+        idle = free[0] if len(free) == 1 else max(free)  # idle_at and max(now, idle), without the calls
+        return self._wait(thread._book(seconds, 0, n_ops, kind, idle if idle > now else now) - now)
 
     def drained(self, *, later: bool = False) -> simpy.Event:
         """An event at the end of every job issued so far (a stream synchronize), without a job of its own.

@@ -213,10 +213,10 @@ class CudaDecode(Decode):
     def layer(self, layer: int, experts: np.ndarray, row: dict, lookup: tuple | None = None):
         run = self.run
         m = run.m
-        other_s, shared_s, routed_s = run.decode_s[layer]
+        other_s, shared_s, routed_s = run.decode_s_rows[layer]
         yield run.main.hold(run.encode_layer_s, 0, 1, "graph encode")  # the kernels exist once encoded
-        if run.weight_host_bytes[layer]:
-            yield from m.host_read(run.weight_host_bytes[layer], "non-routed weights over PCIe")
+        if run.weight_host_rows[layer]:
+            yield from m.host_read(run.weight_host_rows[layer], "non-routed weights over PCIe")
         m.gpu.book(other_s, 0, 0, "attention + router")
         # the selected readback's device sync: the main thread waits for the stream, then the sync's own cost
         yield m.gpu.synchronize(run.main, m.sync_s, 1, "device sync")

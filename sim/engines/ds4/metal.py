@@ -151,7 +151,7 @@ class MetalDecode(Decode):
         router signal. Hits are read in place from their slots, no copy."""
         run = self.run
         m = run.m
-        other_s, shared_s, routed_s = run.decode_s[layer]
+        other_s, shared_s, routed_s = run.decode_s_rows[layer]
         if layer == 0:
             self.cache.note_token()
         encoded = run.main.hold(run.encode_layer_s, 0, 1, "graph encode", later=True)

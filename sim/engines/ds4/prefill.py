@@ -57,9 +57,9 @@ class Prefill:
         run = self.run
         m, caches, loads, main = run.m, run.caches, run.loads, run.main
         T = len(rows)
-        other_s, shared_s, routed_s = run.prefill_s[layer] * T
-        if run.weight_host_bytes[layer]:  # the chunk's kernels read the layer's weights past VRAM once
-            yield from m.host_read(run.weight_host_bytes[layer], "non-routed weights over PCIe")
+        other_s, shared_s, routed_s = (each * T for each in run.prefill_s[layer])
+        if run.weight_host_rows[layer]:  # the chunk's kernels read the layer's weights past VRAM once
+            yield from m.host_read(run.weight_host_rows[layer], "non-routed weights over PCIe")
         yield m.gpu.hold(other_s + run.prefill_chunk_fixed_s, 0, 0, "attention + router (chunk)")
         yield main.hold(m.sync_s + m.memcpy_call_s, T * SELECTED_IDS_BYTES, 1, "ids readback")
         union = distinct_experts(rows[:, layer], run.layers.n_experts)

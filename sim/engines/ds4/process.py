@@ -86,11 +86,16 @@ class Ds4Process:
         over = self.memory.weight_pcie_bytes / resident.non_routed if resident.non_routed else 0.0
         self.weight_host_bytes = over * work[:, :2].sum(axis=1)  # per layer, per pass
         self.decode_s[:, :2] *= 1.0 - over
+        # the same figures as Python floats, read once per decode layer step (a numpy row's unpacking into numpy
+        # scalars, and their arithmetic downstream, was ~3 % of a sweep point)
+        self.decode_s_rows = self.decode_s.tolist()
+        self.weight_host_rows = self.weight_host_bytes.tolist()
         # The main thread encodes each decode layer's graph before the GPU can run it: CPU time per token,
         # measured on a GB10 (record ds4-graph-encode-773), serial with the layer's kernels.
         encode = domain.use("ds4-graph-encode-773", "ds4's graph encode per decode token")
         self.encode_layer_s = encode.value * 1e-3 / n_routed
-        self.prefill_s = compute.prefill_us_per_token_layer.value * 1e-6 * share
+        # [layer][(other, shared, routed)] as Python floats, as decode_s_rows
+        self.prefill_s = (compute.prefill_us_per_token_layer.value * 1e-6 * share).tolist()
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_chunk_fixed_s = 0.0 if fixed is None else fixed.value * 1e-6
 
