@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.engines.llamacpp.process import used_runs
-from sim.trace.format import distinct_experts
 from sim.engines.llamacpp.settings import VARIANTS, Flags, Knobs, cpu_placement
 from sim.errors import InputError
 from sim.model.presets import get_preset
 from sim.scenario import load_scenario
+from sim.trace.format import distinct_experts
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "scenarios" / "llamacpp-qwen3.8-ncmoe.toml"

@@ -86,8 +86,9 @@ class Ds4Process:
         over = self.memory.weight_pcie_bytes / resident.non_routed if resident.non_routed else 0.0
         self.weight_host_bytes = over * work[:, :2].sum(axis=1)  # per layer, per pass
         self.decode_s[:, :2] *= 1.0 - over
-        # the same figures as Python floats, read once per decode layer step (a numpy row's unpacking into numpy
-        # scalars, and their arithmetic downstream, was ~3 % of a sweep point)
+        # the same figures as Python floats, read once per decode layer step: a numpy row unpacks into numpy
+        # scalars, which made every server clock and sum they reached numpy arithmetic (a sweep point's layers that
+        # miss: 0.28 -> 0.24 CPU s a point with floats, 2026-12-06)
         self.decode_s_rows = self.decode_s.tolist()
         self.weight_host_rows = self.weight_host_bytes.tolist()
         # The main thread encodes each decode layer's graph before the GPU can run it: CPU time per token,
