@@ -210,13 +210,20 @@ class SharedProgress(abc.ABC):
         clock moves to where its completion timer would fire and the completion is done there, without the
         timer's and the job's events. The same floats as the timer's path: the same end, the same progress check
         (`_finish`). Otherwise, or if that check finds work left, the timer's path and the job's event."""
-        env = self.env
-        if not (isinstance(env, Environment) and env.can_elapse(delay)):  # (SimPy's own has no short cut)
+        elapsed = self._elapse_alone(delay)
+        if elapsed is None:
             self._reschedule()
             return event
-        self.version += 1  # a timer set before this job can no longer act (as _reschedule does)
-        elapsed = env.elapse(delay)
         return elapsed if self._finish(job) else event
+
+    def _elapse_alone(self, delay: float) -> simpy.Event | None:
+        """The clock moved `delay` on where nothing can happen before then (the environment's short cut), and
+        any completion timer set before made void; None, with nothing changed, where the short cut is refused."""
+        env = self.env
+        if not (isinstance(env, Environment) and env.can_elapse(delay)):  # (SimPy's own has no short cut)
+            return None
+        self.version += 1  # a timer set before this job can no longer act (as _reschedule does)
+        return env.elapse(delay)
 
 
 class SharedBandwidth(SharedProgress):
@@ -274,15 +281,13 @@ class SharedBandwidth(SharedProgress):
         end, its progress and its done check are single expressions, the same floats as `_lone_job_end`,
         `_advance` and `_finish` compute. None, with nothing changed, where the short cut is refused (the general
         path then takes the job)."""
-        env, now = self.env, self.env.now
+        now = self.env.now
         rate = min(cap_bytes_per_s, self.capacity)
         left = float(traffic_bytes)
-        delay = max(0.0, now + left / rate - now)
-        if not (isinstance(env, Environment) and env.can_elapse(delay)):  # (SimPy's own has no short cut)
+        elapsed = self._elapse_alone(max(0.0, now + left / rate - now))
+        if elapsed is None:
             return None
-        self.version += 1  # a timer set before this job can no longer act (as _reschedule does)
-        elapsed = env.elapse(delay)
-        end = env.now
+        end = self.env.now
         if end > now:
             left -= rate * (end - now)
         self.updated_s = end
