@@ -535,6 +535,33 @@ def test_two_list_page_cache_equals_an_ordered_dict_oracle(sizes, capacity, shar
     assert np.flatnonzero(cache.contains(np.arange(len(sizes)))).tolist() == held
 
 
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=12), capacity=st.integers(0, 40),
+       share=st.sampled_from([0.25, 0.5, 1.0]), before=st.lists(st.integers(0, 11), max_size=30),
+       first=st.integers(0, 11), offsets=st.lists(st.integers(0, 11), max_size=6), drop=st.booleans())
+def test_a_read_of_one_layers_extents_counts_its_hits_and_drops_them_at_once_if_asked(sizes, capacity, share, before,
+                                                                                     first, offsets, drop):
+    # PageCache.read: one layer's experts (first key + offsets, distinct) read as the oracle reads them one by
+    # one, and with `drop` dropped again (posix_fadvise DONTNEED: the extents leave their lists, nothing else moves)
+    n = len(sizes)
+    first %= n
+    offsets = list(dict.fromkeys(o % (n - first) for o in offsets))
+    cache = PageCache(np.array(sizes), capacity, share)
+    oracle = TwoListOracle(sizes, capacity, share)
+    for k in before:
+        cache.access(np.array([k % n]))
+        oracle.access(k % n)
+    hits = cache.read(first, np.array(offsets, np.uint16), drop)
+    assert hits == sum(oracle.access(first + o) for o in offsets)
+    if drop:
+        for o in offsets:
+            oracle.inactive.pop(first + o, None)
+            oracle.active.pop(first + o, None)
+    assert cache.used_bytes == oracle.used()
+    # the lists' order too: every extent read once more, in key order, hits alike
+    assert cache.access(np.arange(n)).tolist() == [oracle.access(k) for k in range(n)]
+
+
 def test_a_scan_evicts_what_was_read_twice_from_one_list_and_not_from_two():
     # 4 extents of 1 byte read twice, a scan of 6 others read once, then the 4 again, through 8 bytes.
     # One LRU list: the scan pushes the 4 out (0 hits). Two lists, half inactive (traced by hand): the second

@@ -479,36 +479,53 @@ def _evict_to(prev, nxt, where, sizes, state, limit):
 
 
 @njit(cache=True)
-def page_cache_access(keys, sizes, insert, prev, nxt, where, state, inactive_share, hit_out):
-    """For each key in order: an active hit moves to the active head; an inactive hit is promoted to the
-    active head; a miss is inserted at the inactive head when `insert` (a key larger than the capacity is not
-    kept). Writes hit_out[i]."""
+def _page_cache_access_one(key, sizes, insert, prev, nxt, where, state, inactive_share):
+    """One read of `key`: an active hit moves to the active head; an inactive hit is promoted to the active
+    head; a miss is inserted at the inactive head when `insert` (a key larger than the capacity is not kept).
+    Whether it was a hit."""
     active = prev.shape[0] - 1
     inactive = active - 1
+    code = where[key]
+    if code == 2:
+        _unlink(prev, nxt, key)
+        _push_head(prev, nxt, active, key)
+        return True
+    if code == 1:
+        _unlink(prev, nxt, key)
+        _push_head(prev, nxt, active, key)
+        where[key] = 2
+        state[0] -= sizes[key]
+        state[1] += sizes[key]
+    else:
+        if not insert or sizes[key] > state[2]:
+            return False
+        _evict_to(prev, nxt, where, sizes, state, state[2] - sizes[key])
+        _push_head(prev, nxt, inactive, key)
+        where[key] = 1
+        state[0] += sizes[key]
+    _balance(prev, nxt, where, sizes, state, inactive_share)
+    return code == 1
+
+
+@njit(cache=True)
+def page_cache_access(keys, sizes, insert, prev, nxt, where, state, inactive_share, hit_out):
+    """Each key read in order (_page_cache_access_one); writes hit_out[i]."""
     for i in range(keys.shape[0]):
-        key = keys[i]
-        code = where[key]
-        if code == 2:
-            hit_out[i] = True
-            _unlink(prev, nxt, key)
-            _push_head(prev, nxt, active, key)
-            continue
-        if code == 1:
-            hit_out[i] = True
-            _unlink(prev, nxt, key)
-            _push_head(prev, nxt, active, key)
-            where[key] = 2
-            state[0] -= sizes[key]
-            state[1] += sizes[key]
-        else:
-            hit_out[i] = False
-            if not insert or sizes[key] > state[2]:
-                continue
-            _evict_to(prev, nxt, where, sizes, state, state[2] - sizes[key])
-            _push_head(prev, nxt, inactive, key)
-            where[key] = 1
-            state[0] += sizes[key]
-        _balance(prev, nxt, where, sizes, state, inactive_share)
+        hit_out[i] = _page_cache_access_one(keys[i], sizes, insert, prev, nxt, where, state, inactive_share)
+
+
+@njit(cache=True)
+def page_cache_read(first, offsets, sizes, prev, nxt, where, state, inactive_share, drop):
+    """The keys first + offsets[i] read in order, misses inserted (_page_cache_access_one), and then, when
+    `drop`, dropped (page_cache_drop). Returns how many were hits."""
+    hits = 0
+    for i in range(offsets.shape[0]):
+        if _page_cache_access_one(first + np.int64(offsets[i]), sizes, True, prev, nxt, where, state,
+                                  inactive_share):
+            hits += 1
+    if drop:
+        page_cache_drop(first, offsets, prev, nxt, where, sizes, state)
+    return hits
 
 
 @njit(cache=True)
@@ -519,10 +536,10 @@ def page_cache_shrink(prev, nxt, where, sizes, state, inactive_share):
 
 
 @njit(cache=True)
-def page_cache_drop(keys, prev, nxt, where, sizes, state):
-    """Drop the given keys (posix_fadvise DONTNEED after a read)."""
-    for i in range(keys.shape[0]):
-        key = keys[i]
+def page_cache_drop(first, offsets, prev, nxt, where, sizes, state):
+    """Drop the keys first + offsets[i] (posix_fadvise DONTNEED after a read)."""
+    for i in range(offsets.shape[0]):
+        key = first + np.int64(offsets[i])
         if where[key]:
             _unlink(prev, nxt, key)
             state[where[key] - 1] -= sizes[key]

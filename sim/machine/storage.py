@@ -29,7 +29,7 @@ import math
 import numpy as np
 import simpy
 
-from sim.cache.kernels import page_cache_access, page_cache_drop, page_cache_shrink
+from sim.cache.kernels import page_cache_access, page_cache_drop, page_cache_read, page_cache_shrink
 from sim.machine.servers import SharedProgress, merge_intervals
 
 
@@ -219,10 +219,18 @@ class PageCache:
         self.misses += len(keys) - n_hit
         return hit
 
+    def read(self, first_key: int, offsets: np.ndarray, drop: bool = False) -> int:
+        """`access` of the extents first_key + offsets (one layer's experts, say), misses kept, counted as `access`
+        counts them; `drop`: dropped again straight after (`drop`), in the same kernel call. Returns the hits."""
+        n_hit = page_cache_read(first_key, offsets, self.sizes, self.prev, self.next, self.where, self.state,
+                                self.inactive_share, drop)
+        self.hits += n_hit
+        self.misses += len(offsets) - n_hit
+        return n_hit
+
     def contains(self, keys: np.ndarray) -> np.ndarray:
         return self.where[np.asarray(keys, np.int64)] != 0
 
-    def drop(self, keys: np.ndarray) -> None:
-        """posix_fadvise(DONTNEED) after a read: the extents leave the cache."""
-        page_cache_drop(np.ascontiguousarray(keys, np.int64), self.prev, self.next, self.where, self.sizes,
-                        self.state)
+    def drop(self, keys: np.ndarray, first_key: int = 0) -> None:
+        """posix_fadvise(DONTNEED) after a read: the extents first_key + keys leave the cache."""
+        page_cache_drop(first_key, keys, self.prev, self.next, self.where, self.sizes, self.state)

@@ -36,14 +36,16 @@ class Loads:
         if not len(experts):
             return 0
         m = self.m
-        n_bytes = int(self.layers.expert_bytes[layer]) * len(experts)
+        n_bytes = self.expert_bytes[layer] * len(experts)
         if self.knobs.buffered:
-            keys, in_ram, drive = self.page_cache_lookup(layer, experts)
+            drop_later = not self.knobs.keep_pages  # posix_fadvise / madvise DONTNEED after the copy
+            drop_now = drop_later and m.env.runs_alone()  # (see page_cache_read)
+            n_miss, drive = self.page_cache_read(layer, experts, drop_now)
             if drive:
-                yield m.ssd.read(drive, PARTS_PER_EXPERT * int((~in_ram).sum()), depth, at_once=True)
+                yield m.ssd.read(drive, PARTS_PER_EXPERT * n_miss, depth, at_once=True)
             yield from m.memcpy(thread, n_bytes, 1, "pread copy")
-            if not self.knobs.keep_pages:  # posix_fadvise / madvise DONTNEED after the copy
-                m.page_cache.drop(keys)
+            if drop_later and not drop_now:
+                m.page_cache.drop(experts, layer * self.layers.n_experts)
             return drive
         yield m.ssd.read(n_bytes, PARTS_PER_EXPERT * len(experts), depth, at_once=True)
         return n_bytes
@@ -58,7 +60,7 @@ class Loads:
             return 0
         m = self.m
         n_parts = PARTS_PER_EXPERT * len(experts)
-        n_bytes = int(self.layers.expert_bytes[layer]) * len(experts)
+        n_bytes = self.expert_bytes[layer] * len(experts)
         pr605 = self.variant.miss_copy == "pr605"
         if pr605 and self.knobs.buffered:
             drive = yield from self._map_in(layer, experts)
@@ -82,29 +84,44 @@ class Loads:
         hits are in RAM, misses fault in from the drive one after another; the pages dropped again unless
         DS4_CUDA_KEEP_MODEL_PAGES (as after a buffered pread). Returns the bytes that came from the drive."""
         m = self.m
-        keys, _, drive = self.page_cache_lookup(layer, experts)
+        drop_later = not self.knobs.keep_pages
+        drop_now = drop_later and m.env.runs_alone()  # (see page_cache_read)
+        _, drive = self.page_cache_read(layer, experts, drop_now)
         if drive:
             yield m.ssd.read(drive, m.ssd.fault_reads(drive), 1, at_once=True)
-        if not self.knobs.keep_pages:
-            m.page_cache.drop(keys)
+        if drop_later and not drop_now:
+            m.page_cache.drop(experts, layer * self.layers.n_experts)
         return drive
 
-    def page_cache_lookup(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """These experts' file extents looked up (and inserted) in the page cache: their keys, which were
-        resident, and the bytes the others read from the drive; the hits and misses counted."""
-        keys = layer * self.layers.n_experts + experts.astype(np.int64)
-        in_ram = self.m.page_cache.access(keys, insert=True)
-        n_miss = len(keys) - int(np.count_nonzero(in_ram))
-        self.page_cache_reads["hits"] += len(keys) - n_miss
+    def page_cache_lookup(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
+        """These experts' file extents looked up (and inserted) in the page cache: which were resident, and the
+        bytes the others read from the drive; the hits and misses counted."""
+        in_ram = self.m.page_cache.access(layer * self.layers.n_experts + experts.astype(np.int64), insert=True)
+        n_miss = len(in_ram) - int(np.count_nonzero(in_ram))
+        return in_ram, self._count_page_cache_reads(layer, len(in_ram) - n_miss, n_miss)
+
+    def page_cache_read(self, layer: int, experts: np.ndarray, drop: bool) -> tuple[int, int]:
+        """`page_cache_lookup` counting the misses only: how many, and the bytes they read from the drive. `drop`:
+        the extents dropped again in the same call, where the caller drops them after its copy and nothing else
+        can reach the page cache before then: its process runs alone (Environment.runs_alone), and the drive read
+        and the copy it waits on in between are its own (a job on a drive or DRAM with another job in flight
+        has a completion timer queued, so the process would not run alone)."""
+        n_hit = self.m.page_cache.read(layer * self.layers.n_experts, experts, drop)
+        n_miss = len(experts) - n_hit
+        return n_miss, self._count_page_cache_reads(layer, n_hit, n_miss)
+
+    def _count_page_cache_reads(self, layer: int, n_hit: int, n_miss: int) -> int:
+        """The hits and misses counted; the misses' bytes from the drive."""
+        self.page_cache_reads["hits"] += n_hit
         self.page_cache_reads["misses"] += n_miss
-        return keys, in_ram, n_miss * int(self.layers.expert_bytes[layer])
+        return n_miss * self.expert_bytes[layer]
 
     def stream_whole_layer(self, thread, layer: int):
         """Every expert of the layer through the weight cache's staged copy (cuda_model_range_ptr_from_fd,
         neutronstar @253cfb1 ds4_cuda.cu L1300-1390): one copy chunk read at a time into the pinned ring, each
         uploaded on the upload stream while the next is read, one stream sync at the end. Whole experts per
         chunk (the tensors' chunks do not end on experts; the bytes are the same). Returns the drive's bytes."""
-        per_expert = int(self.layers.expert_bytes[layer])
+        per_expert = self.expert_bytes[layer]
         per_chunk = max(1, self.knobs.copy_chunk_bytes // per_expert)
         drive = 0
         for first in range(0, self.layers.n_experts, per_chunk):
@@ -134,7 +151,7 @@ class Loads:
         if not n_experts or self.variant.hit_copy == "none":
             yield thread.hold(then_s, 0, n_ops, then_kind)
             return
-        n_bytes = n_experts * int(self.layers.expert_bytes[layer])
+        n_bytes = n_experts * self.expert_bytes[layer]
         if self.variant.hit_copy == "memcpy":
             self.m.stream_d2d(n_bytes, PARTS_PER_EXPERT * n_experts, "D2D memcpy")
         else:

@@ -111,7 +111,7 @@ class MetalDecode(Decode):
             return 0
         run = self.run
         m, env = run.m, run.m.env
-        _, in_ram, drive = run.loads.page_cache_lookup(layer, experts)
+        in_ram, drive = run.loads.page_cache_lookup(layer, experts)
         tasks = iter([(int(part), bool(cached)) for cached in in_ram for part in run.layers.part_bytes[layer]])
 
         def worker(thread):
