@@ -253,18 +253,17 @@ class SharedBandwidth(SharedProgress):
         """A job of `traffic_bytes` at most `cap_bytes_per_s`, issued now; the event fires when it is done.
         `at_once`: the calling process yields it at once, and a lone job may then take the environment's short
         cut (`_lone_at_once`)."""
-        event = self.env.event()
         if traffic_bytes <= 0:
-            event.succeed()
-            return event
+            return self.env.event().succeed()
         self._advance()
         self.traffic += traffic_bytes
         self.bytes_moved += int(traffic_bytes)
         self.ops += 1
         if at_once and not self.jobs and not self.reservations:
-            done = self._lone_unreserved(traffic_bytes, cap_bytes_per_s, kind, event)
+            done = self._lone_unreserved(traffic_bytes, cap_bytes_per_s, kind)
             if done is not None:
                 return done
+        event = self.env.event()
         if not self.jobs:
             self._busy_since = self.env.now
         job = [float(traffic_bytes), cap_bytes_per_s, event, traffic_bytes, self.env.now, kind]
@@ -274,8 +273,7 @@ class SharedBandwidth(SharedProgress):
         self._reschedule()
         return event
 
-    def _lone_unreserved(self, traffic_bytes: float, cap_bytes_per_s: float, kind: str,
-                         event: simpy.Event) -> simpy.Event | None:
+    def _lone_unreserved(self, traffic_bytes: float, cap_bytes_per_s: float, kind: str) -> simpy.Event | None:
         """`_lone_at_once` for its commonest case written out (a pread copy between two DMA copies that its thread
         waits for): no other job and no DMA reservation, so the job runs at min(cap, capacity) throughout and its
         end, its progress and its done check are single expressions, the same floats as `_lone_job_end`,
@@ -293,6 +291,7 @@ class SharedBandwidth(SharedProgress):
         self.updated_s = end
         if not (left <= 1e-3 or left <= rate * (4 * math.ulp(max(end, 1.0)))):  # bytes left: the timer's path
             self._busy_since = now
+            event = self.env.event()
             self.jobs.append([left, cap_bytes_per_s, event, traffic_bytes, now, kind])
             self._reschedule()
             return event
@@ -351,7 +350,8 @@ class SharedBandwidth(SharedProgress):
                 job[0] -= rate * (piece_end - t)
             t = piece_end
         self.updated_s = now
-        self.reservations = [r for r in self.reservations if r[1] > now]
+        if self.reservations:
+            self.reservations = [r for r in self.reservations if r[1] > now]
 
     def _lone_job_end(self, job: list) -> float:
         """When a lone job ends, integrating its rate over the known reservations."""

@@ -38,7 +38,8 @@ class Decode:
         self.run = run  # the Ds4Process: its machine, threads, caches, loads and per-layer figures
 
     def layer(self, layer: int, experts: np.ndarray, row: dict, lookup: tuple | None = None):
-        """One layer step; `lookup` (outcomes, counts): its cache lookup, done ahead by `lookups`, or None."""
+        """One layer step; `lookup` (counts of each outcome, the experts that missed): its cache lookup, done ahead
+        by `lookups`, or None."""
         raise NotImplementedError
 
     def lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
@@ -68,6 +69,11 @@ class Decode:
             layers = run.layers.all_layers
             experts = np.concatenate([experts, mtp_routing[: len(layers) - n_routed]])
         lookups = self.lookups(layers, experts)
+        if lookups is not None:  # each step's counts, and its misses as a slice of every step's misses in order
+            outcome, counts = lookups
+            counts_of_step = counts.tolist()
+            missed = experts[outcome != HIT]
+            missed_ends = np.cumsum(outcome.shape[1] - counts[:, HIT]).tolist()
         runs = iter(self.hit_runs(layers, lookups))
         next_run = next(runs, None)
         layer_ids = layers.tolist()
@@ -82,7 +88,10 @@ class Decode:
                     continue
             row = dict(request=request, phase=phase, step=step_no, layer=layer_ids[i], start_s=run.m.env.now,
                        tokens=1)
-            lookup = None if lookups is None else (lookups[0][i], lookups[1][i].tolist())
+            lookup = None
+            if lookups is not None:
+                n, end = counts_of_step[i], missed_ends[i]
+                lookup = (n, missed[end - (experts.shape[1] - n[HIT]): end])
             yield from self.layer(layer_ids[i], experts[i], row, lookup)
             i += 1
         self.end_of_token()
@@ -188,11 +197,11 @@ class CudaDecode(Decode):
             pool = yield from caches.prepare(thread, int(run.layers.class_of_layer[layer]))
             outcome, _, _ = caches.cache.access(layer, experts, pool, MODE_EVICT)
             n = np.bincount(outcome.astype(np.int64), minlength=4).tolist()
+            fetch = experts[outcome != HIT]
         else:  # looked up ahead (`lookups`): staging and pool as they are
-            outcome, n = lookup
+            n, fetch = lookup
         hits, inserts, evictions, direct = n[HIT], n[INSERT], n[EVICT], n[DIRECT]
         loaded = inserts + evictions
-        fetch = experts[outcome != HIT] if hits < len(experts) else experts[:0]
         k = len(experts)
         if run.knobs.hits_first:  # #1082: the hits' experts run while the misses are read
             m.gpu.book(routed_s * hits / k, 0, 0, "routed experts (hits)")
