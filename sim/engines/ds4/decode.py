@@ -196,7 +196,8 @@ class CudaDecode(Decode):
             yield from caches.grow_staging(thread, int(len(experts) * run.layers.expert_bytes[layer]))
             pool = yield from caches.prepare(thread, int(run.layers.class_of_layer[layer]))
             outcome, _, _ = caches.cache.access(layer, experts, pool, MODE_EVICT)
-            n = np.bincount(outcome.astype(np.int64), minlength=4).tolist()
+            each = outcome.tolist()  # (k list counts: a third of a bincount's time)
+            n = [each.count(HIT), each.count(INSERT), each.count(EVICT), each.count(DIRECT)]
             fetch = experts[outcome != HIT]
         else:  # looked up ahead (`lookups`): staging and pool as they are
             n, fetch = lookup
