@@ -64,7 +64,7 @@ class LlamaCppProcess:
         self.n_layers, self.n_experts, self.top_k = layout.n_routed_layers, layout.n_experts, layout.top_k
         parts = part_bytes(layout)[: self.n_layers]
         on_cpu = knobs.on_cpu[: self.n_layers]
-        self.cpu_layer = on_cpu.any(axis=1)
+        self.cpu_layer = on_cpu.any(axis=1).tolist()  # per-layer figures as Python values: see decode_gpu_s
         self.cpu_bytes = (parts * on_cpu).sum(axis=1)  # one expert's slices in host memory, per layer
         self.cpu_parts = on_cpu.sum(axis=1)
         gpu_bytes = (parts * ~on_cpu).sum(axis=1)
@@ -72,12 +72,13 @@ class LlamaCppProcess:
         weights = file_weights(layout, where)
         self.attention = weights.attention
         # -ngl: the layers before the first GPU block run whole on the CPU, the output layer on either side
-        self.whole_cpu = knobs.whole_cpu[: self.n_layers]
+        self.whole_cpu = knobs.whole_cpu[: self.n_layers].tolist()
         self.layer_weight_bytes = layer_weight_bytes(weights, self.n_layers)
         self.output_bytes = weights.output_bytes
         # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM,
         # the output layer its projection once a token
-        self.decode_gpu_s = machine.vram_read_s(self.layer_weight_bytes + self.top_k * gpu_bytes)
+        # (Python floats: a numpy scalar reaching the servers' clocks makes every sum after it numpy arithmetic)
+        self.decode_gpu_s = machine.vram_read_s(self.layer_weight_bytes + self.top_k * gpu_bytes).tolist()
         self.output_gpu_s = machine.vram_read_s(weights.output_bytes)
         other = weights.gpu_bytes / self.n_layers  # the non-expert weights a prompt token passes, per layer
         # a prompt token: the profile's figure for the model class (experts resident), split by the bytes each part
@@ -85,8 +86,8 @@ class LlamaCppProcess:
         compute = scenario.compute
         per_token = compute.prefill_us_per_token_layer.value * 1e-6
         routed = self.top_k * expert_bytes / (self.top_k * expert_bytes + other)
-        self.prefill_other_s = per_token * (1.0 - routed)
-        self.prefill_routed_s = per_token * routed
+        self.prefill_other_s = (per_token * (1.0 - routed)).tolist()
+        self.prefill_routed_s = (per_token * routed).tolist()
         fixed = compute.prefill_us_per_chunk_layer
         self.prefill_fixed_s = 0.0 if fixed is None else fixed.value * 1e-6
         # the prompt's attention over its context: the GPU's measured attention rate, else the prompt figure's time
@@ -97,7 +98,7 @@ class LlamaCppProcess:
         self.hidden_bytes = layout.hidden * FP32_BYTES
         self.main = machine.threads("llama.cpp main thread")
         self.cpu = machine.threads("llama.cpp CPU experts")
-        self.mapped = knobs.host == "mapped" and bool(self.cpu_layer.any())
+        self.mapped = knobs.host == "mapped" and any(self.cpu_layer)
         self.locked = False
         if self.mapped and knobs.mlock:
             cpu_total = plan.cpu_expert_bytes

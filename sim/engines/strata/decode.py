@@ -146,20 +146,23 @@ class Decode:
         expert_s = m.vram_read_s((n_hit + n_pcie) * blob)
         off_gpu = (cpu_bytes > 0) | (pcie_bytes > 0)
         gpu, env = m.gpu, m.env
-        for layer in range(L):
-            if kv_host_bytes and self.qsa_layer[layer]:
+        # each layer's figures as Python values: a numpy scalar reaching the servers' clocks makes every sum after
+        # it numpy arithmetic
+        layers = zip(self.qsa_layer.tolist(), dense_s.tolist(), off_gpu.tolist(), expert_s.tolist(),
+                     (n_hit * blob).tolist(), ((n_hit + n_pcie) * blob).tolist(), cpu_bytes.tolist(),
+                     pcie_bytes.tolist())
+        for qsa, dense, off, experts_s, hit_bytes, vram_bytes, cpu, pcie in layers:
+            if kv_host_bytes and qsa:
                 yield from m.host_read(kv_host_bytes, "decode K/V blocks from host")
-            gpu.book(dense_s[layer], self.dense_layer_bytes, 1, "decode dense chain")
-            if not off_gpu[layer]:
-                gpu.book(expert_s[layer], n_hit[layer] * blob[layer], 1, "decode experts (VRAM hits, PCIe share)")
+            gpu.book(dense, self.dense_layer_bytes, 1, "decode dense chain")
+            if not off:
+                gpu.book(experts_s, hit_bytes, 1, "decode experts (VRAM hits, PCIe share)")
                 continue
             yield gpu.drained()  # the router's choice: the host plans the layer's experts
-            pool = m.cpu_kernel(self.pool, cpu_bytes[layer], self.pool_threads, "decode misses (CPU pool)") \
-                if cpu_bytes[layer] else None
-            if pcie_bytes[layer]:
-                yield from m.host_read(pcie_bytes[layer], "decode experts (PCIe share)")
-            gpu.book(expert_s[layer], (n_hit[layer] + n_pcie[layer]) * blob[layer], 1,
-                     "decode experts (VRAM hits, PCIe share)")
+            pool = m.cpu_kernel(self.pool, cpu, self.pool_threads, "decode misses (CPU pool)") if cpu else None
+            if pcie:
+                yield from m.host_read(pcie, "decode experts (PCIe share)")
+            gpu.book(experts_s, vram_bytes, 1, "decode experts (VRAM hits, PCIe share)")
             if pool is not None:
                 yield pool
             if gpu.idle_at() > env.now:

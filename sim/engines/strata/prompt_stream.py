@@ -83,7 +83,8 @@ class _ChunkCompute:
                  ring_slots: simpy.Container, request: int, step_no: int, tokens: int, routed: np.ndarray, lent: int,
                  kv_stage: np.ndarray):
         self.stream, self.m, self.plans, self.ring = stream, stream.run.m, plans, ring_slots
-        self.attention_s, self.moe_half_s, self.kv_stage = attention_s, moe_half_s, kv_stage
+        # per layer as Python values: a numpy scalar reaching the servers' clocks makes every sum after it numpy's
+        self.attention_s, self.moe_half_s, self.kv_stage = attention_s, moe_half_s.tolist(), kv_stage.tolist()
         self.attention_issued = False
         self.staging = False  # a QSA layer's K/V stage is on its way: nothing after it may be issued
         self.request, self.step_no, self.tokens, self.routed, self.lent = request, step_no, tokens, routed, lent
