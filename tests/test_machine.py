@@ -265,7 +265,7 @@ def test_two_cpu_copies_share_host_dram():
     done = []
 
     def copier():
-        yield from m.memcpy(pool, GIB, threads)
+        yield m.memcpy(pool, GIB, threads)
         done.append(env.now)
 
     run(env, copier())

@@ -148,11 +148,12 @@ class Machine:
         self._servers.append(server)
         return server
 
-    def memcpy(self, thread: Server, n_bytes: float, n_threads: int = 1, kind: str = "memcpy"):
+    def memcpy(self, thread: Server, n_bytes: float, n_threads: int = 1, kind: str = "memcpy") -> simpy.Event:
         """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job
-        of twice the bytes (read + write), each thread at most the profile's one-thread copy rate. A process:
-        `yield from machine.memcpy(...)`; the thread server logs the copy."""
-        yield self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind, at_once=True)
+        of twice the bytes (read + write), each thread at most the profile's one-thread copy rate. The calling
+        process yields the event at once (`yield machine.memcpy(...)`); the thread server logs the copy."""
+        return self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind,
+                              at_once=True)
 
     def cpu_kernel(self, thread: Server, n_bytes: float, n_threads: int, kind: str = "CPU kernel") -> simpy.Event:
         """`n_threads` threads running an expert kernel over n_bytes of weights in host RAM (a CPU expert pool): a

@@ -43,7 +43,7 @@ class Loads:
             n_miss, drive = self.page_cache_read(layer, experts, drop_now)
             if drive:
                 yield m.ssd.read(drive, PARTS_PER_EXPERT * n_miss, depth, at_once=True)
-            yield from m.memcpy(thread, n_bytes, 1, "pread copy")
+            yield m.memcpy(thread, n_bytes, 1, "pread copy")
             if drop_later and not drop_now:
                 m.page_cache.drop(experts, layer * self.layers.n_experts)
             return drive

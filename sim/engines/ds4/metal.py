@@ -118,7 +118,7 @@ class MetalDecode(Decode):
             for part, cached in tasks:  # the shared iterator: the next task to whichever worker is free
                 if not cached:
                     yield m.ssd.read(part, 1, 1, at_once=True)
-                yield from m.memcpy(thread, part, 1, "pread copy")
+                yield m.memcpy(thread, part, 1, "pread copy")
 
         n_workers = min(run.knobs.pool_workers, PARTS_PER_EXPERT * len(experts))
         yield env.all_of([env.process(worker(thread)) for thread in run.loads.pool[:n_workers]])

@@ -263,7 +263,7 @@ class PromptStream:
                         if missed:  # page faults of the stager threads, read-ahead sized
                             yield m.ssd.read(missed * blob, missed * m.ssd.fault_reads(blob), min(threads, missed),
                                              at_once=True)
-                    yield from m.memcpy(self.stager, n_stage * blob, threads, "stager memcpy")
+                    yield m.memcpy(self.stager, n_stage * blob, threads, "stager memcpy")
                     if previous is not None and not previous.processed:
                         yield previous  # the group's last buffer is free only once the copy before it is done
                 room = ring_slots.get(len(ids))
