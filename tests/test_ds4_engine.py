@@ -115,7 +115,6 @@ def test_layers_done_as_chains_change_nothing(name, variant, least_chained, summ
     point's run (summary only, the first job of each log) too."""
     from sim.engines.ds4 import decode
     from sim.engines.ds4.decode import CudaDecode
-    from sim.results import link_frame
     from sim.schema import read_toml
 
     path = SCENARIOS / f"{name}.toml"
@@ -132,14 +131,59 @@ def test_layers_done_as_chains_change_nothing(name, variant, least_chained, summ
 
     monkeypatch.setattr(CudaDecode, "chain", counted)
     monkeypatch.setattr(decode, "CHAIN_MIN_LAYERS", 1)  # every run of hits a chain, the shortest too
+    monkeypatch.setattr(CudaDecode, "chain_tokens", False)  # (whole tokens as one call: the test below)
     with_chains = run_scenario(scenario, summary_only=summary_only)
     monkeypatch.setattr(CudaDecode, "chain_hits", False)
     one_at_a_time = run_scenario(scenario, summary_only=summary_only)
     assert sum(chained) >= least_chained  # the path under test ran
-    assert with_chains.summary == one_at_a_time.summary
-    pd.testing.assert_frame_equal(with_chains.steps, one_at_a_time.steps)
-    pd.testing.assert_frame_equal(with_chains.copies, one_at_a_time.copies)
-    pd.testing.assert_frame_equal(link_frame(with_chains.links), link_frame(one_at_a_time.links))
+    _assert_same_results(with_chains, one_at_a_time)
+
+
+def _assert_same_results(run, reference) -> None:
+    """The same summary, steps, copies and links."""
+    from sim.results import link_frame
+
+    assert run.summary == reference.summary
+    pd.testing.assert_frame_equal(run.steps, reference.steps)
+    pd.testing.assert_frame_equal(run.copies, reference.copies)
+    pd.testing.assert_frame_equal(link_frame(run.links), link_frame(reference.links))
+
+
+@pytest.mark.parametrize("name, variant, env, least_steps", [
+    ("ds4-504-per-class", None, {}, 10000), ("ds4-504-per-class", "pr605-cache", {}, 10000),
+    ("ds4-504-per-class", "pr1031", {}, 10000),
+    ("ds4-504-per-class", None, {"DS4_CUDA_KEEP_MODEL_PAGES": "1"}, 10000),  # page-cache hits: no drive read
+    ("glm52-mtp-per-class", None, {"DS4_CUDA_NO_DIRECT_IO": "1"}, 100)])  # (O_DIRECT takes the step path)
+@pytest.mark.parametrize("summary_only", [False, True])
+def test_tokens_done_in_one_call_change_nothing(name, variant, env, least_steps, summary_only, monkeypatch):
+    """Issue 33: decode tokens done in one compiled call, misses included (sim/engines/ds4/decode_chain.py), give
+    the same steps, copies, links and summary as each layer's jobs issued one at a time: the page cache's reads and
+    drops, the drive's reads, the pread copies on host DRAM, the uploads and their DMA reservations, the hand-over
+    (per-expert copies, a gather kernel, none), MTP layers; a sweep point's run too."""
+    from sim.engines.ds4.decode import CudaDecode
+    from sim.engines.ds4.decode_chain import TokenChain
+    from sim.schema import read_toml
+
+    path = SCENARIOS / f"{name}.toml"
+    data = read_toml(path, str(path))
+    if variant:
+        data["engine"]["variant"] = variant
+    data["engine"].setdefault("env", {}).update(env)
+    scenario = load_scenario(path, data)
+    chained = []
+    run_token = TokenChain.run_token
+
+    def counted(self, row, layers, *args):
+        chained.append(len(layers))
+        return run_token(self, row, layers, *args)
+
+    monkeypatch.setattr(TokenChain, "run_token", counted)
+    in_one_call = run_scenario(scenario, summary_only=summary_only)
+    monkeypatch.setattr(CudaDecode, "chain_tokens", False)
+    monkeypatch.setattr(CudaDecode, "chain_hits", False)
+    one_at_a_time = run_scenario(scenario, summary_only=summary_only)
+    assert sum(chained) >= least_steps  # the path under test ran
+    _assert_same_results(in_one_call, one_at_a_time)
 
 
 def test_results_are_written_with_provenance(per_class, tmp_path):

@@ -129,3 +129,86 @@ def test_a_process_woken_with_another_does_not_run_alone():
     env.process(waiter(shared))
     env.run()
     assert seen == [False, False]
+
+
+# --- the machine's arithmetic for compiled engine steps: the same floats as the resources' own methods ---------
+
+def _alone_from(start_s: float, body):
+    """Run `body(env)` (a process generator function) as a process that runs alone, its clock starting at start_s;
+    returns the environment after it."""
+    env = Environment()
+
+    def process():
+        yield env.timeout(start_s)
+        yield from body(env)
+
+    env.process(process())
+    env.run()
+    return env
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=st.sampled_from([0.0, 1.5, 3.7e3, 2.9e6, 4.1e8]), parts=st.integers(1, 30),
+       part_bytes=st.integers(4096, 64 << 20), latency_us=st.floats(10, 200), gbps=st.floats(0.5, 14))
+def test_a_lone_drive_read_ends_where_the_drive_ends_it(start, parts, part_bytes, latency_us, gbps):
+    # Ssd.read at depth 1, yielded at once by a process alone; from late clocks the progress check may find a
+    # fraction of a request left, which the completion timer's path finishes (the next test)
+    _lone_drive_read_against_the_drive(start, parts, part_bytes, latency_us, gbps)
+
+
+def test_a_drive_read_that_the_short_cut_leaves_unfinished_ends_where_the_timer_ends_it():
+    # at 3,700 s an ulp is 4.5e-13 s: one 4 KiB read at 1 GB/s leaves ~1e-8 of its request, which the timer serves
+    # as a fraction of a request in flight (its latency whole)
+    assert _lone_drive_read_against_the_drive(3700.0, 1, 4096, 10.0, 1.0) >= 1
+
+
+def _lone_drive_read_against_the_drive(start, parts, part_bytes, latency_us, gbps) -> int:
+    """lone_drive_read against Ssd.read on the environment; the timers that fired."""
+    from sim.machine import Ssd
+    from sim.machine.chains import lone_drive_read
+
+    ends = []
+
+    def read(env):
+        drive = Ssd(env, "SSD", [(1, gbps * 1e9), (32, 2 * gbps * 1e9)], 1 << 20, latency_us * 1e-6, 1 << 20)
+        env.drive = drive
+        yield drive.read(parts * part_bytes, parts, 1, at_once=True)
+        ends.append(env.now)
+
+    env = _alone_from(start, read)
+    before = 3  # the process started, its first timeout, its end
+    end, timers = lone_drive_read(start, parts * part_bytes, parts, latency_us * 1e-6, env.drive.rate_at(1))
+    assert end == ends[0]
+    assert env.events_scheduled - before == (timers + 1 if timers else 0)
+    assert env.drive.log == [(start, end, parts * part_bytes, parts, "read")]
+    return timers
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=st.sampled_from([0.0, 2.5, 7.1e5, 3.3e8]), n_bytes=st.integers(1, 1 << 32),
+       cap_gbps=st.floats(1, 60), capacity_gbps=st.floats(20, 800))
+def test_a_lone_dram_copy_ends_where_host_dram_ends_it(start, n_bytes, cap_gbps, capacity_gbps):
+    from sim.machine.chains import lone_dram_copy
+
+    ends = []
+
+    def copy(env):
+        env.dram = SharedBandwidth(env, "host DRAM", capacity_gbps * 1e9)
+        yield env.dram.transfer(2 * n_bytes, cap_gbps * 1e9, "pread copy", at_once=True)
+        ends.append(env.now)
+
+    env = _alone_from(start, copy)
+    end, done = lone_dram_copy(start, 2 * n_bytes, cap_gbps * 1e9, capacity_gbps * 1e9)
+    assert done and end == ends[0] and env.dram.log == [(start, end, 2 * n_bytes, 1, "pread copy")]
+
+
+@settings(max_examples=100, deadline=None)
+@given(n_bytes=st.integers(0, 1 << 34), n_ops=st.integers(0, 60), latency_us=st.floats(0, 30),
+       gbps=st.sampled_from([0.0, 3.2, 24.5, 55.0]))
+def test_a_pinned_copys_seconds_are_the_copy_engines(n_bytes, n_ops, latency_us, gbps):
+    from sim.machine.chains import pinned_copy_seconds
+
+    engine = Server(Environment(), "H2D", bytes_per_s=gbps * 1e9, op_latency_s=latency_us * 1e-6,
+                    pageable_bytes_per_s=gbps * 0.4e9)
+    assert pinned_copy_seconds(n_bytes, n_ops, engine.op_latency_s, engine.bytes_per_s,
+                               engine.pageable_bytes_per_s) == engine.cost_s(n_bytes, n_ops)

@@ -39,6 +39,8 @@ VRAM_READ_EFFICIENCY = 0.80
 # STRATA_PREFILL_GROUP_GATHER: ~10 us a wait or record, "226 ms of a 32K prompt"). Linux's driver resolves an
 # event on the GPU, in the order of a kernel launch: not modelled (0).
 WDDM_STREAM_EVENT_S = 10e-6
+# A CPU copy reads each byte from DRAM and writes it back: two bytes of DRAM traffic per byte copied.
+MEMCPY_TRAFFIC = 2
 
 
 class Memory:
@@ -152,8 +154,12 @@ class Machine:
         """`n_threads` CPU threads copying n_bytes in host RAM (page cache -> pinned staging, say): a DRAM job
         of twice the bytes (read + write), each thread at most the profile's one-thread copy rate. The calling
         process yields the event at once (`yield machine.memcpy(...)`); the thread server logs the copy."""
-        return self._dram_job(thread, 2 * n_bytes, n_bytes, 2 * n_threads * self.memcpy_bytes_per_s, kind,
+        return self._dram_job(thread, MEMCPY_TRAFFIC * n_bytes, n_bytes, self.memcpy_cap(n_threads), kind,
                               at_once=True)
+
+    def memcpy_cap(self, n_threads: int) -> float:
+        """The DRAM traffic `n_threads` copying threads can draw at most, bytes/s."""
+        return MEMCPY_TRAFFIC * n_threads * self.memcpy_bytes_per_s
 
     def cpu_kernel(self, thread: Server, n_bytes: float, n_threads: int, kind: str = "CPU kernel") -> simpy.Event:
         """`n_threads` threads running an expert kernel over n_bytes of weights in host RAM (a CPU expert pool): a

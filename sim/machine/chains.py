@@ -114,3 +114,78 @@ def _run_chain(now, clocks, totals, server_of, wait, sync_on, n_ops, seconds, n_
             if j == mark:
                 steps[i, 1] = now
     return now
+
+
+# --- the machine's arithmetic for compiled engine steps (issue 33) ------------------------------------------
+# An engine step compiled whole (ds4's decode token, sim/engines/ds4/decode_chain.py) asks these for its jobs'
+# times, as its process would ask the servers: each is the float arithmetic of the Python method it names, for
+# the case the step's caller has checked (one lane, the resource otherwise idle), so the times are the same floats
+# (tests/test_ds4_engine.py runs scenarios through the compiled steps and without them).
+
+@njit(cache=True)
+def fifo_job(clocks, totals, server, not_before, seconds, n_bytes, n_ops):
+    """Server._book on one-lane server `server` (clocks [server, (free at, busy s)], totals [server, (bytes,
+    operations)]): the job's (start, end)."""
+    start = clocks[server, 0]
+    if start < not_before:
+        start = not_before
+    end = start + seconds
+    clocks[server, 0] = end
+    clocks[server, 1] += seconds
+    totals[server, 0] += n_bytes
+    totals[server, 1] += n_ops
+    return start, end
+
+
+@njit(cache=True)
+def pinned_copy_seconds(n_bytes, n_ops, op_latency_s, bytes_per_s, pageable_bytes_per_s):
+    """Server.cost_s of a copy of pinned bytes with a fixed cost per operation."""
+    fixed = n_ops * op_latency_s
+    if bytes_per_s == 0.0:
+        return fixed
+    return fixed + (n_bytes - 0.0) / bytes_per_s + 0.0 / pageable_bytes_per_s
+
+
+@njit(cache=True)
+def _drive_rate(left, request_bytes, latency_s, rate_at_depth_1):
+    """Ssd._rates for a lone read at depth 1 with `left` requests to go: its requests in flight are min(1, left), so
+    a fraction left at the end is served as a fraction of a request in flight (its latency whole)."""
+    in_flight = left if left < 1 else 1.0
+    share = rate_at_depth_1 / in_flight  # (Ssd.rate_at of a depth up to the table's first: its first rate)
+    return in_flight / (latency_s + request_bytes / share)
+
+
+@njit(cache=True)
+def lone_drive_read(now, n_bytes, n_reads, latency_s, rate_at_depth_1):
+    """Ssd.read of n_reads reads at depth 1 on an idle drive, its process waiting at once: the short cut's end
+    (SharedProgress._lone_at_once), then, while the progress check finds requests left, the completion timer's
+    path (Ssd._reschedule, _finish). Returns the end and how many timers fired."""
+    request_bytes = n_bytes / n_reads
+    left = float(n_reads)
+    rate = _drive_rate(left, request_bytes, latency_s, rate_at_depth_1)
+    end = now + left / rate
+    if end > now:
+        left -= rate * (end - now)
+    timers = 0
+    while left > 1e-9:
+        if timers == 64:
+            raise ValueError("a drive read that the clock cannot finish")
+        rate = _drive_rate(left, request_bytes, latency_s, rate_at_depth_1)
+        later = end + max(left, 0.0) / rate
+        if later > end:
+            left -= rate * (later - end)
+        end = later
+        timers += 1
+    return end, timers
+
+
+@njit(cache=True)
+def lone_dram_copy(now, traffic_bytes, cap_bytes_per_s, capacity_bytes_per_s):
+    """SharedBandwidth._lone_unreserved: a DRAM job alone, no reservation in flight, its process waiting at once:
+    (end, whether the progress check finds it done, as it always does for traffic below ~2^40 bytes)."""
+    rate = min(cap_bytes_per_s, capacity_bytes_per_s)
+    left = float(traffic_bytes)
+    end = now + max(0.0, now + left / rate - now)
+    if end > now:
+        left -= rate * (end - now)
+    return end, left <= 1e-3 or left <= rate * (4 * np.spacing(max(end, 1.0)))

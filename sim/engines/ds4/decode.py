@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_EVICT
+from sim.engines.ds4.decode_chain import SELECTED_IDS_BYTES, TokenChain
 from sim.engines.ds4.loads import PARTS_PER_EXPERT
 from sim.machine.chains import BOOK, SYNC, WAIT, Job, JobChain
 from sim.trace.format import MISSING
 
-SELECTED_IDS_BYTES = 6 * 4  # the router's 6 int32 ids read back per layer (§1.6)
 # A chain call costs ~21 us before its steps (JobChain.run with whole logs: 21 us for one step, 43 us for twenty,
 # measured 2026-12-06 on the project's VM) and an all-hit layer issued through `layer` ~15-20 us: a run of fewer
 # layers than this is done a layer at a time (the outputs are the same either way)
@@ -55,6 +55,12 @@ class Decode:
         """A run of `hit_runs` done at once, by a process that runs alone."""
         raise NotImplementedError
 
+    def whole_token(self, row: dict, layers: np.ndarray, counts: np.ndarray, missed: np.ndarray,
+                    missed_ends: np.ndarray) -> bool:
+        """The token's layer steps done at once, where the backend can (row: the columns its step rows share;
+        counts, missed and missed_ends: its lookups, as `token` slices them). Whether it did."""
+        return False
+
     def end_of_token(self) -> None:
         """What the host does once a token's layers are issued (nothing on CUDA)."""
 
@@ -71,9 +77,15 @@ class Decode:
         lookups = self.lookups(layers, experts)
         if lookups is not None:  # each step's counts, and its misses as a slice of every step's misses in order
             outcome, counts = lookups
-            counts_of_step = counts.tolist()
             missed = experts[outcome != HIT]
-            missed_ends = np.cumsum(outcome.shape[1] - counts[:, HIT]).tolist()
+            missed_ends = np.cumsum(outcome.shape[1] - counts[:, HIT])
+            row = dict(request=request, phase=phase, step=step_no, tokens=1)
+            if self.whole_token(row, layers, counts, missed, missed_ends):
+                self.end_of_token()
+                yield run.m.gpu.drained()
+                return
+            counts_of_step = counts.tolist()
+            missed_ends = missed_ends.tolist()
         runs = iter(self.hit_runs(layers, lookups))
         next_run = next(runs, None)
         layer_ids = layers.tolist()
@@ -107,6 +119,7 @@ class CudaDecode(Decode):
     def __init__(self, run):
         super().__init__(run)
         self._hit_chains: dict[int, tuple] = {}  # per expert count k: _hit_chain's chain, seconds and bytes
+        self._token_chain: TokenChain | None = None  # made at the first token that can take it
 
     def lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
         """Issue 33: a token's lookups in one kernel call when no step of it can change a pool: each step's
@@ -131,6 +144,25 @@ class CudaDecode(Decode):
     # jobs in the same order, the same floats (tests/test_ds4_engine.py runs scenarios with chains and without).
     # False: every layer through `layer`.
     chain_hits = True
+
+    # Issue 33: a token whose lookups were done ahead, in a run alone on its machine, done in one compiled call,
+    # misses included (sim/engines/ds4/decode_chain.py), where the run's settings are the ones that call covers.
+    # False: hit runs as chains, every other layer through `layer`.
+    chain_tokens = True
+
+    def whole_token(self, row: dict, layers: np.ndarray, counts: np.ndarray, missed: np.ndarray,
+                    missed_ends: np.ndarray) -> bool:
+        run = self.run
+        knobs = run.knobs
+        if not (self.chain_tokens and knobs.overlap and not knobs.hits_first and run.loads.pool is None
+                and run.variant.miss_copy != "pr605" and knobs.buffered and not run.weight_host_bytes[layers].any()):
+            return False
+        if self._token_chain is None:
+            self._token_chain = TokenChain(run)
+        if not self._token_chain.applies():
+            return False
+        self._token_chain.run_token(row, layers, counts, missed, missed_ends)
+        return True
 
     def hit_runs(self, layers: np.ndarray, lookups: tuple | None) -> list[tuple[int, int]]:
         run = self.run

@@ -181,8 +181,29 @@ class Loads:
         sid = self.rec.step(**row, end_s=self.m.env.now, h2d_bytes=fetched * eb, d2d_bytes=handed * eb,
                             file_read_bytes=drive_bytes, file_blob_reads=fetched, direct_loads=direct,
                             vram_used_bytes=memory.used("vram"), ram_used_bytes=memory.used("ram"))
-        if not self.rec.copy_plan:  # a run that keeps no copy rows (a sweep point): nothing to name
-            return
+        if self.rec.copy_plan:  # (a run that keeps no copy rows, a sweep point, names none)
+            self._copies(sid, layer, loaded, direct, handed)
+
+    def record_steps(self, row: dict, layers: list, k: int, hits: list, inserts: list, evictions: list, direct: list,
+                     drive_bytes: list, starts: list, ends: list) -> None:
+        """`record` for layer steps done at once (sim/engines/ds4/decode_chain.py), each figure a list over them:
+        `row` the columns they share, each step's experts all looked up (k) and handed over (hits and loads)."""
+        eb = self.expert_bytes
+        loaded = [i + e for i, e in zip(inserts, evictions)]
+        fetched = [n + d for n, d in zip(loaded, direct)]
+        memory = self.m.memory
+        ids = self.rec.steps_of(len(layers), **row, layer=layers, start_s=starts, end_s=ends, lookups=k, hits=hits,
+                                inserts=inserts, evictions=evictions,
+                                h2d_bytes=[n * eb[layer] for n, layer in zip(fetched, layers)],
+                                d2d_bytes=[(h + n) * eb[layer] for h, n, layer in zip(hits, loaded, layers)],
+                                file_read_bytes=drive_bytes, file_blob_reads=fetched, direct_loads=direct,
+                                vram_used_bytes=memory.used("vram"), ram_used_bytes=memory.used("ram"))
+        if self.rec.copy_plan:
+            for sid, layer, h, n, d in zip(ids, layers, hits, loaded, direct):
+                self._copies(sid, layer, n, d, h + n)
+
+    def _copies(self, sid: int, layer: int, loaded: int, direct: int, handed: int) -> None:
+        """A step's copy rows, part by part: loaded into cache slots, loaded directly into staging, handed over."""
         copy = self.rec.copy
         hand_over = handed and self.variant.hit_copy != "none"
         for (slab, staging), part_bytes in zip(PART_ENDS, self.part_bytes[layer]):
