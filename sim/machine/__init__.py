@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from sim.machine import chains
 from sim.machine.servers import Server, SharedBandwidth
 from sim.machine.storage import INACTIVE_SHARE_BY_OS, LRU_SHARE, PageCache, Ssd
 from sim.units import GIB, KIB
@@ -156,6 +157,19 @@ class Machine:
         process yields the event at once (`yield machine.memcpy(...)`); the thread server logs the copy."""
         return self._dram_job(thread, MEMCPY_TRAFFIC * n_bytes, n_bytes, self.memcpy_cap(n_threads), kind,
                               at_once=True)
+
+    def compiled_step_figures(self) -> np.ndarray:
+        """The rates and latencies a compiled engine step prices its lone jobs with (sim/machine/chains.py names
+        their places)."""
+        figures = np.empty(chains.N_STEP_FIGURES)
+        h2d, d2d, ssd = self.h2d, self.d2d, self.ssd
+        figures[chains.H2D_OP_LATENCY_S], figures[chains.H2D_RATE] = h2d.op_latency_s, h2d.bytes_per_s
+        figures[chains.H2D_PAGEABLE_RATE], figures[chains.H2D_DRAM_TRAFFIC] = h2d.pageable_bytes_per_s, h2d.dram_traffic
+        figures[chains.DRAM_CAPACITY], figures[chains.PREAD_CAP] = self.dram.capacity, self.memcpy_cap(1)
+        figures[chains.MEMCPY_TRAFFIC_PER_BYTE] = MEMCPY_TRAFFIC
+        figures[chains.DRIVE_LATENCY_S], figures[chains.DRIVE_RATE_QD1] = ssd.latency_s, ssd.rate_at(1)
+        figures[chains.D2D_RATE], figures[chains.D2D_PAGEABLE_RATE] = d2d.bytes_per_s, d2d.pageable_bytes_per_s
+        return figures
 
     def memcpy_cap(self, n_threads: int) -> float:
         """The DRAM traffic `n_threads` copying threads can draw at most, bytes/s."""

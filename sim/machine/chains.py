@@ -122,6 +122,14 @@ def _run_chain(now, clocks, totals, server_of, wait, sync_on, n_ops, seconds, n_
 # the case the step's caller has checked (one lane, the resource otherwise idle), so the times are the same floats
 # (tests/test_ds4_engine.py runs scenarios through the compiled steps and without them).
 
+# The machine's figures a compiled step prices its lone jobs with (Machine.compiled_step_figures), by index: the H2D
+# copy engine's fixed cost per operation, pinned and pageable rates and DRAM traffic per byte; host DRAM's
+# bandwidth, one copying thread's cap on it and a CPU copy's traffic per byte; the drive's request latency and its
+# transfer rate at depth 1 (Ssd.rate_at); the D2D copies' pinned and pageable rates.
+(H2D_OP_LATENCY_S, H2D_RATE, H2D_PAGEABLE_RATE, H2D_DRAM_TRAFFIC, DRAM_CAPACITY, PREAD_CAP, MEMCPY_TRAFFIC_PER_BYTE,
+ DRIVE_LATENCY_S, DRIVE_RATE_QD1, D2D_RATE, D2D_PAGEABLE_RATE, N_STEP_FIGURES) = range(12)
+
+
 @njit(cache=True)
 def fifo_job(clocks, totals, server, not_before, seconds, n_bytes, n_ops):
     """Server._book on one-lane server `server` (clocks [server, (free at, busy s)], totals [server, (bytes,

@@ -21,8 +21,10 @@ from numba import njit
 
 from sim.cache.kernels import page_cache_read
 from sim.engines.ds4.loads import PARTS_PER_EXPERT
-from sim.machine import MEMCPY_TRAFFIC
-from sim.machine.chains import fifo_job, lone_dram_copy, lone_drive_read, pinned_copy_seconds
+from sim.machine.chains import (D2D_PAGEABLE_RATE, D2D_RATE, DRAM_CAPACITY, DRIVE_LATENCY_S, DRIVE_RATE_QD1,
+                                H2D_DRAM_TRAFFIC, H2D_OP_LATENCY_S, H2D_PAGEABLE_RATE, H2D_RATE,
+                                MEMCPY_TRAFFIC_PER_BYTE, PREAD_CAP, fifo_job, lone_dram_copy, lone_drive_read,
+                                pinned_copy_seconds)
 
 # the servers of a step, as rows of the clocks: the main thread, the GPU stream, the load worker, the H2D engine
 MAIN, GPU, WORKER, H2D = 0, 1, 2, 3
@@ -57,24 +59,26 @@ def _sync_on(clocks, stream, now):
 
 
 @njit(cache=True)
-def token_chain(now, layers, counts, missed, missed_ends, figures, expert_bytes, machine, hand_over, drop_pages,
+def token_chain(now, layers, counts, missed, missed_ends, figures, expert_bytes, step, machine, hand_over, drop_pages,
                 n_experts, page_sizes, page_prev, page_next, page_where, page_state, page_inactive_share,
                 clocks, totals, drive, dram, log, drive_log, dram_log, steps):
     """The token's layer steps from `now`: layers [steps], counts [steps, (hits, inserts, evictions, direct)],
     missed the steps' missed experts in order, missed_ends [steps] where each step's end; figures [layer,
-    (other, shared, routed) s]; machine the scalars named below. Updates clocks and totals [MAIN, GPU, WORKER, H2D],
+    (other, shared, routed) s]; step the ds4 figures named below, machine the machine's
+    (Machine.compiled_step_figures). Updates clocks and totals [MAIN, GPU, WORKER, H2D],
     drive [busy s, bytes, reads] and dram [traffic, busy s, bytes, copies, updated s, reservation
     start, end, rate]; writes the job log [jobs, (server, start, end, bytes, ops, kind)], the drive's and DRAM's
     logs (drive_log [read, (start, end, bytes, reads, timers fired)], dram_log [copy, (start, end, traffic)])
     and steps [step, (start, end, drive bytes, page-cache misses)]. Returns the clock and the three logs'
     lengths."""
-    encode_s, sync_s, memcpy_call_s, kernel_launch_s = machine[0], machine[1], machine[2], machine[3]
-    h2d_latency_s, h2d_bytes_per_s, h2d_pageable_bytes_per_s, dma_traffic = machine[4], machine[5], machine[6], \
-        machine[7]
-    dram_capacity, pread_cap = machine[8], machine[9]
-    drive_latency_s, drive_rate_qd1 = machine[10], machine[11]
-    d2d_bytes_per_s, d2d_pageable_bytes_per_s, ids_bytes = machine[12], machine[13], machine[14]
-    ids_s, memcpy_traffic = machine[15], machine[16]
+    encode_s, sync_s, memcpy_call_s, kernel_launch_s = step[0], step[1], step[2], step[3]
+    ids_bytes, ids_s = step[4], step[5]
+    h2d_latency_s, h2d_bytes_per_s = machine[H2D_OP_LATENCY_S], machine[H2D_RATE]
+    h2d_pageable_bytes_per_s, dma_traffic = machine[H2D_PAGEABLE_RATE], machine[H2D_DRAM_TRAFFIC]
+    dram_capacity, pread_cap, memcpy_traffic = machine[DRAM_CAPACITY], machine[PREAD_CAP], \
+        machine[MEMCPY_TRAFFIC_PER_BYTE]
+    drive_latency_s, drive_rate_qd1 = machine[DRIVE_LATENCY_S], machine[DRIVE_RATE_QD1]
+    d2d_bytes_per_s, d2d_pageable_bytes_per_s = machine[D2D_RATE], machine[D2D_PAGEABLE_RATE]
     then_ops = 1 if memcpy_call_s else 0
     n_log = n_drive = n_dram = 0
     first = 0
@@ -172,12 +176,10 @@ class TokenChain:
         self.servers = (run.main, m.gpu, run.worker, m.h2d)
         hand_over = run.variant.hit_copy
         self.hand_over = HAND_NONE if hand_over == "none" else HAND_MEMCPY if hand_over == "memcpy" else HAND_GATHER
-        h2d, d2d, ssd = m.h2d, m.d2d, m.ssd
-        self.machine = np.array([run.encode_layer_s, m.sync_s, m.memcpy_call_s, m.kernel_launch_s, h2d.op_latency_s,
-                                 h2d.bytes_per_s, h2d.pageable_bytes_per_s, h2d.dram_traffic, m.dram.capacity,
-                                 m.memcpy_cap(1), ssd.latency_s, ssd.rate_at(1), d2d.bytes_per_s,
-                                 d2d.pageable_bytes_per_s, SELECTED_IDS_BYTES, m.sync_s + m.memcpy_call_s,
-                                 MEMCPY_TRAFFIC])
+        # the step's own figures (as `token_chain` unpacks them), then the machine's for its lone jobs
+        self.step = np.array([run.encode_layer_s, m.sync_s, m.memcpy_call_s, m.kernel_launch_s, SELECTED_IDS_BYTES,
+                              m.sync_s + m.memcpy_call_s])
+        self.machine = m.compiled_step_figures()
         self.figures = np.ascontiguousarray(run.decode_s, np.float64)
         self.expert_bytes = np.ascontiguousarray(run.layers.expert_bytes, np.int64)
 
@@ -203,7 +205,7 @@ class TokenChain:
         dram_log = np.empty((n, 3))
         steps = np.empty((n, 4))
         now, n_log, n_drive, n_dram = token_chain(
-            env.now, layers, counts, missed, missed_ends, self.figures, self.expert_bytes, self.machine,
+            env.now, layers, counts, missed, missed_ends, self.figures, self.expert_bytes, self.step, self.machine,
             self.hand_over, not run.knobs.keep_pages, run.layers.n_experts, page_cache.sizes, page_cache.prev,
             page_cache.next, page_cache.where, page_cache.state, page_cache.inactive_share, clocks, totals,
             drive_state, dram_state, log, drive_log, dram_log, steps)
