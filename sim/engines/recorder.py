@@ -63,13 +63,6 @@ class Recorder:
             sources.append(src)
             destinations.append(dst)
 
-    def copies_of(self, step_ids: list, kind: str, counts: list, bytes_each: list, src: list, dst: list) -> None:
-        """Copy rows at once, as columns (a chain of steps, sim/machine/chains.py): `copy` for each, every count
-        non-zero."""
-        if self.copy_plan:
-            for column, values in zip(self.copies, (step_ids, [kind] * len(step_ids), counts, bytes_each, src, dst)):
-                column += values
-
     def step_columns(self) -> dict[str, np.ndarray]:
         """The step rows as STEP_DTYPES columns: each converted to its declared type, not inferred value by value
         (from_records' inference, trying the phase strings as dates, was 6 % of a sweep point)."""

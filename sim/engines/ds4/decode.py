@@ -177,8 +177,9 @@ class CudaDecode(Decode):
     def chain(self, request: int, phase: str, step_no: int, layers: np.ndarray, k: int) -> None:
         chain, seconds, n_bytes = self._hit_chain(k)
         starts, marks = chain.run(seconds[layers], n_bytes[layers])
-        self.run.loads.record_hits(dict(request=request, phase=phase, step=step_no, tokens=1), layers.tolist(), k,
-                                   starts.tolist(), marks.tolist())
+        n = len(layers)
+        self.run.loads.record_steps(dict(request=request, phase=phase, step=step_no, tokens=1), layers.tolist(), k,
+                                    [k] * n, [0] * n, [0] * n, [0] * n, [0] * n, starts.tolist(), marks.tolist())
 
     def _hit_chain(self, k: int) -> tuple:
         """The jobs of `layer` when its k experts all hit, as a chain, with each layer's seconds and bytes per job

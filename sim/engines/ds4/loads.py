@@ -158,20 +158,6 @@ class Loads:
             self.m.stream_d2d(n_bytes, 1, "D2D gather kernel", gather_kernel=True)
         yield self.m.gpu.synchronize(thread, then_s, n_ops, then_kind)
 
-    def record_hits(self, row: dict, layers: list, k: int, starts: list, ends: list) -> None:
-        """`record` for layer steps whose k experts all hit, done as a chain (sim/machine/chains.py): `row` the
-        columns they share, starts and ends each step's times."""
-        memory, eb = self.m.memory, self.expert_bytes
-        ids = self.rec.steps_of(len(layers), **row, layer=layers, start_s=starts, end_s=ends, lookups=k, hits=k,
-                                d2d_bytes=[k * eb[layer] for layer in layers], vram_used_bytes=memory.used("vram"),
-                                ram_used_bytes=memory.used("ram"))
-        if self.rec.copy_plan and self.variant.hit_copy != "none":  # each layer's parts handed over, in order
-            n = len(PART_ENDS) * len(layers)
-            self.rec.copies_of([sid for sid in ids for _ in PART_ENDS], "D2D", [k] * n,
-                               [each for layer in layers for each in self.part_bytes[layer]],
-                               [slab for slab, _ in PART_ENDS] * len(layers),
-                               [staging for _, staging in PART_ENDS] * len(layers))
-
     def record(self, row: dict, layer: int, hits: int = 0, loaded: int = 0, direct: int = 0, handed: int = 0,
                drive_bytes: int = 0) -> None:
         """The layer step's row and its copies: loaded into cache slots, loaded directly into staging, handed over."""
