@@ -153,13 +153,16 @@ def _assert_same_results(run, reference) -> None:
     ("ds4-504-per-class", None, {}, 10000), ("ds4-504-per-class", "pr605-cache", {}, 10000),
     ("ds4-504-per-class", "pr1031", {}, 10000),
     ("ds4-504-per-class", None, {"DS4_CUDA_KEEP_MODEL_PAGES": "1"}, 10000),  # page-cache hits: no drive read
-    ("glm52-mtp-per-class", None, {"DS4_CUDA_NO_DIRECT_IO": "1"}, 100)])  # (O_DIRECT takes the step path)
+    ("glm52-mtp-per-class", None, {"DS4_CUDA_NO_DIRECT_IO": "1"}, 100),  # (O_DIRECT takes the step path)
+    ("ds4-504-slab", None, {}, 10000),  # the slab freed and reallocated twice a token, inside the call
+    ("glm52-mtp-slab", None, {"DS4_CUDA_NO_DIRECT_IO": "1"}, 100)])
 @pytest.mark.parametrize("summary_only", [False, True])
 def test_tokens_done_in_one_call_change_nothing(name, variant, env, least_steps, summary_only, monkeypatch):
     """Issue 33: decode tokens done in one compiled call, misses included (sim/engines/ds4/decode_chain.py), give
     the same steps, copies, links and summary as each layer's jobs issued one at a time: the page cache's reads and
     drops, the drive's reads, the pread copies on host DRAM, the uploads and their DMA reservations, the hand-over
-    (per-expert copies, a gather kernel, none), MTP layers; a sweep point's run too."""
+    (per-expert copies, a gather kernel, none), MTP layers, a pre-504 slab's frees and allocations at each change
+    of size class (made ahead, their waits paid in the call); a sweep point's run too."""
     from sim.engines.ds4.decode import CudaDecode
     from sim.engines.ds4.decode_chain import TokenChain
     from sim.schema import read_toml
@@ -171,13 +174,13 @@ def test_tokens_done_in_one_call_change_nothing(name, variant, env, least_steps,
     data["engine"].setdefault("env", {}).update(env)
     scenario = load_scenario(path, data)
     chained = []
-    run_token = TokenChain.run_token
+    run_steps = TokenChain.run_steps
 
     def counted(self, row, layers, *args):
         chained.append(len(layers))
-        return run_token(self, row, layers, *args)
+        return run_steps(self, row, layers, *args)
 
-    monkeypatch.setattr(TokenChain, "run_token", counted)
+    monkeypatch.setattr(TokenChain, "run_steps", counted)
     in_one_call = run_scenario(scenario, summary_only=summary_only)
     monkeypatch.setattr(CudaDecode, "chain_tokens", False)
     monkeypatch.setattr(CudaDecode, "chain_hits", False)

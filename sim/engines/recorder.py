@@ -29,6 +29,10 @@ class Recorder:
     # collector's full scans (sim/machine/servers.py IntervalLog says why that costs)
     copies: tuple = field(default_factory=lambda: tuple([] for _ in COPY_COLUMNS))
     copy_plan: bool = True
+    # the rows recorded before, as blocks of COPY_COLUMNS arrays: `copies_of`'s, and `copies`' rows up to them (a
+    # slab's decode records ~70K copy rows, in blocks of steps done at once: arrays, not Python objects, until the
+    # frame is built)
+    copy_blocks: list = field(default_factory=list)
 
     # The step columns are this signature's parameters (STEP_COLUMNS below): an engine names the columns it sets
     # and the rest are 0; a name that is not a column is Python's TypeError. Keyword binding builds the row: a
@@ -63,6 +67,22 @@ class Recorder:
             sources.append(src)
             destinations.append(dst)
 
+    def copies_of(self, step_ids: np.ndarray, kinds: np.ndarray, counts: np.ndarray, sizes: np.ndarray,
+                  sources: np.ndarray, destinations: np.ndarray) -> None:
+        """Copy rows given as COPY_COLUMNS arrays (int64 counts, object names), each count above 0: `copy`'s rows
+        for steps done at once."""
+        if self.copy_plan:
+            self._seal_copies()
+            self.copy_blocks.append((step_ids, kinds, counts, sizes, sources, destinations))
+
+    def _seal_copies(self) -> None:
+        """The rows of `copies` as a block, in their place among the blocks."""
+        if self.copies[0]:
+            self.copy_blocks.append(tuple(np.array(values, np.int64 if name in COPY_COUNTS else object)
+                                          for name, values in zip(COPY_COLUMNS, self.copies)))
+            for values in self.copies:
+                values.clear()
+
     def step_columns(self) -> dict[str, np.ndarray]:
         """The step rows as STEP_DTYPES columns: each converted to its declared type, not inferred value by value
         (from_records' inference, trying the phase strings as dates, was 6 % of a sweep point)."""
@@ -73,12 +93,14 @@ class Recorder:
         return pd.DataFrame(self.step_columns())
 
     def copy_frame(self) -> pd.DataFrame:
-        """The copy rows as columns: the counts int64 arrays, the names strings as pandas infers them (from_records
-        inferred every column, value by value)."""
-        if not self.copies[0]:  # no rows: untyped columns, as from_records made them
+        """The copy rows as columns: the counts int64 arrays, the names strings as pandas infers them from lists
+        (from_records inferred every column, value by value)."""
+        self._seal_copies()
+        if not self.copy_blocks:  # no rows: untyped columns, as from_records made them
             return pd.DataFrame(columns=list(COPY_COLUMNS))
-        return pd.DataFrame({name: np.array(values, np.int64) if name in COPY_COUNTS else values
-                             for name, values in zip(COPY_COLUMNS, self.copies)})
+        columns = [np.concatenate(blocks) for blocks in zip(*self.copy_blocks)]
+        return pd.DataFrame({name: values if name in COPY_COUNTS else values.tolist()
+                             for name, values in zip(COPY_COLUMNS, columns)})
 
 
 STEP_COLUMNS = tuple(inspect.signature(Recorder.step).parameters)[1:]

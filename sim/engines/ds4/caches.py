@@ -32,21 +32,27 @@ class ExpertCaches:
     def pool_of(self, layer: int) -> int:
         return int(self.pool_of_layers[layer])
 
-    def as_is(self, pools: np.ndarray, classes: np.ndarray) -> bool:
-        """Whether prepare() would leave each of these (pool, class) steps' caches as they are, without a free, an
-        allocation or a notice: the pool allocated for that class and either at the budget or, below it, with
-        no room to grow (sizing.prepare_class_cache keeps it). Nothing a step does changes that for the next."""
-        for pool, cls in set(zip(pools.tolist(), classes.tolist())):
-            if not self.allocated[pool] or (not self.per_class and self.slab_class != cls):
-                return False
-            if self.cache.capacity[pool] >= self.budget_experts:
-                continue
-            held = self.pool_state(pool)
-            out = prepare_class_cache(held, self.layers.class_keys[cls], self.budget_experts,
-                                      self.m.memory.vram_free(), self.reserve_bytes)
-            if out.state is not held:
-                return False
-        return True
+    def steps_as_is(self, classes: list) -> int:
+        """How many of these steps (their layers' size classes), from the first, prepare() would leave the caches
+        as they are for, without a free, an allocation or a notice: each one's pool allocated for its class and
+        either at the budget or, below it, with no room to grow (sizing.prepare_class_cache keeps it). Nothing
+        such a step does changes that for the next; the first step that is not as is ends the run (a slab's
+        change of size class does)."""
+        n = len(classes)
+        for cls in set(classes):
+            if not self._pool_as_is(cls if self.per_class else 0, cls):
+                n = min(n, classes.index(cls))
+        return n
+
+    def _pool_as_is(self, pool: int, cls: int) -> bool:
+        if not self.allocated[pool] or (not self.per_class and self.slab_class != cls):
+            return False
+        if self.cache.capacity[pool] >= self.budget_experts:
+            return True
+        held = self.pool_state(pool)
+        out = prepare_class_cache(held, self.layers.class_keys[cls], self.budget_experts, self.m.memory.vram_free(),
+                                  self.reserve_bytes)
+        return out.state is held
 
     def _which_class(self, cls: int) -> str:
         """What the engine's line leaves unsaid after #504: which size class's cache it is about (its MiB/expert
@@ -69,9 +75,13 @@ class ExpertCaches:
     def _set_pool_memory(self, pool: int) -> None:
         self.m.memory.set("vram", f"expert cache pool {pool}", self.pool_bytes(pool))
 
-    def free_pool(self, thread, pool: int):
-        """cudaFree of one pool's slabs (the thread waits): its cached experts are lost."""
-        yield thread.hold(self.m.alloc_seconds(self.pool_bytes(pool), release=True))
+    # A pool's frees and allocations are plans: generators that change the caches' state as the engine does and
+    # yield the seconds of each cudaFree and cudaMalloc where the host thread waits for it. `_waits` runs a plan
+    # on a thread as a SimPy process; `prepare_at_once` runs one at once for a step done in one compiled call.
+
+    def _free_plan(self, pool: int):
+        """cudaFree of one pool's slabs: its cached experts are lost."""
+        yield self.m.alloc_seconds(self.pool_bytes(pool), release=True)
         self.flushes[pool] += self.cache.count(pool) > 0
         self.cache.flush(pool)
         self.cache.resize(pool, 0)
@@ -79,15 +89,31 @@ class ExpertCaches:
         self._set_pool_memory(pool)
 
     def release_all(self, thread):
-        """cuda_stream_expert_cache_release_all: free every cache (their contents are lost)."""
+        """cuda_stream_expert_cache_release_all: free every cache (their contents are lost; the thread waits)."""
+        yield from _waits(thread, self._release_plan())
+
+    def _release_plan(self):
         for pool, allocated in enumerate(self.allocated):
             if allocated:
-                yield from self.free_pool(thread, pool)
+                yield from self._free_plan(pool)
         self.slab_class = -1
 
     def prepare(self, thread, cls: int, target_experts: int | None = None):
         """prepare(): the cache of this size class for a target (default: the budget), through the pure rule
         sizing.prepare_class_cache; the thread pays the frees and allocations. Returns the pool."""
+        return (yield from _waits(thread, self._prepare_plan(cls, target_experts)))
+
+    def prepare_at_once(self, cls: int) -> tuple[int, list[float]]:
+        """`prepare` of the budget done now: the pool, and the seconds of the waits the thread would pay, in turn."""
+        plan = self._prepare_plan(cls, None)
+        waits = []
+        while True:
+            try:
+                waits.append(next(plan))
+            except StopIteration as done:
+                return done.value, waits
+
+    def _prepare_plan(self, cls: int, target_experts: int | None):
         target = self.budget_experts if target_experts is None else min(target_experts, self.budget_experts)
         pool = cls if self.per_class else 0
         if not self.per_class and self.slab_class != cls:
@@ -105,13 +131,13 @@ class ExpertCaches:
         if printed is not None:
             self.notices.append(printed + self._which_class(cls))
         if held is not None:  # a size change or growth releases the old allocation and its contents
-            yield from self.free_pool(thread, pool)
+            yield from self._free_plan(pool)
         capacity = out.state.capacity_experts if out.state is not None else 0
         self.cache.resize(pool, capacity)
         self.allocated[pool] = out.state is not None
         self.slab_class = cls
         if capacity:
-            yield thread.hold(self.m.alloc_seconds(capacity * self.layers.class_bytes[cls], release=False))
+            yield self.m.alloc_seconds(capacity * self.layers.class_bytes[cls], release=False)
         self._set_pool_memory(pool)
         return pool
 
@@ -134,3 +160,14 @@ class ExpertCaches:
         self.staging_bytes = n_bytes
         self.m.memory.set("vram", "compact staging", n_bytes)
         yield thread.hold(self.m.alloc_seconds(n_bytes, release=False))
+
+
+def _waits(thread, plan):
+    """A plan run on a host thread (a SimPy process): each seconds it yields a wait of the thread's. Returns the
+    plan's value."""
+    while True:
+        try:
+            seconds = next(plan)
+        except StopIteration as done:
+            return done.value
+        yield thread.hold(seconds)

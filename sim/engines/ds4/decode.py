@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cache.kernels import DIRECT, EVICT, HIT, INSERT, MODE_EVICT
-from sim.engines.ds4.decode_chain import SELECTED_IDS_BYTES, TokenChain
+from sim.engines.ds4.decode_chain import SELECTED_IDS_BYTES, Prepared, TokenChain
 from sim.engines.ds4.loads import PARTS_PER_EXPERT
 from sim.machine.chains import BOOK, SYNC, WAIT, Job, JobChain
 from sim.trace.format import MISSING
@@ -43,8 +43,15 @@ class Decode:
         raise NotImplementedError
 
     def lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
-        """The token's cache lookups in one call, where they can be done ahead: each step's outcomes [step, k]
-        and counts of each outcome [step, 4] (None: each step looks up)."""
+        """The lookups of a run of the token's steps from the first, in one call, where they can be done ahead:
+        each step's outcomes [step, k] and counts of each outcome [step, 4] for the run's steps (None: the first
+        step looks up for itself)."""
+        return None
+
+    def prepared_lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
+        """Where `lookups` cannot start at the first step (its prepare() frees or allocates) but a run from it can be
+        done at once: the run's prepare() calls made now, each before its step's lookup: (outcomes, counts,
+        Prepared). None: the first step goes through `layer`."""
         return None
 
     def hit_runs(self, layers: np.ndarray, lookups: tuple | None) -> list[tuple[int, int]]:
@@ -55,10 +62,11 @@ class Decode:
         """A run of `hit_runs` done at once, by a process that runs alone."""
         raise NotImplementedError
 
-    def whole_token(self, row: dict, layers: np.ndarray, counts: np.ndarray, missed: np.ndarray,
-                    missed_ends: np.ndarray) -> bool:
-        """The token's layer steps done at once, where the backend can (row: the columns its step rows share;
-        counts, missed and missed_ends: its lookups, as `token` slices them). Whether it did."""
+    def steps_at_once(self, row: dict, layers: np.ndarray, counts: np.ndarray, missed: np.ndarray,
+                      missed_ends: np.ndarray, prepared: Prepared | None) -> bool:
+        """A run of the token's layer steps done at once, where the backend can (row: the columns its step rows
+        share; counts, missed and missed_ends: its lookups, as `looked_up_ahead` slices them; prepared: its steps'
+        prepare() calls made ahead, by `prepared_lookups`). Whether it did."""
         return False
 
     def end_of_token(self) -> None:
@@ -74,18 +82,44 @@ class Decode:
         if mtp_routing is not None:
             layers = run.layers.all_layers
             experts = np.concatenate([experts, mtp_routing[: len(layers) - n_routed]])
-        lookups = self.lookups(layers, experts)
-        if lookups is not None:  # each step's counts, and its misses as a slice of every step's misses in order
-            outcome, counts = lookups
-            missed = experts[outcome != HIT]
-            missed_ends = np.cumsum(outcome.shape[1] - counts[:, HIT])
-            row = dict(request=request, phase=phase, step=step_no, tokens=1)
-            if self.whole_token(row, layers, counts, missed, missed_ends):
-                self.end_of_token()
-                yield run.m.gpu.drained()
-                return
-            counts_of_step = counts.tolist()
-            missed_ends = missed_ends.tolist()
+        first, n = 0, len(layers)
+        while first < n:
+            lookups = self.lookups(layers[first:], experts[first:])
+            prepared = None
+            if lookups is None:
+                lookups = self.prepared_lookups(layers[first:], experts[first:])
+                if lookups is not None:
+                    *lookups, prepared = lookups
+            if lookups is None:  # this step looks up itself (its pool may be freed, allocated or grown)
+                layer = int(layers[first])
+                row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=run.m.env.now, tokens=1)
+                yield from self.layer(layer, experts[first], row)
+                first += 1
+                continue
+            last = first + len(lookups[0])
+            yield from self.looked_up_ahead(request, phase, step_no, layers[first:last], experts[first:last], lookups,
+                                            prepared)
+            first = last
+        self.end_of_token()
+        # the token exists once the last layer's kernels (queued on the stream) are done
+        yield run.m.gpu.drained()
+
+    def looked_up_ahead(self, request: int, phase: str, step_no: int, layers: np.ndarray, experts: np.ndarray,
+                        lookups: tuple, prepared: Prepared | None):
+        """A run of the token's steps whose lookups were done ahead: all at once where the backend can (always,
+        when its first step's prepare() was done ahead), else its runs of hits as chains and its other steps one at
+        a time."""
+        run = self.run
+        outcome, counts = lookups
+        # each step's misses as a slice of every step's misses in order
+        missed = experts[outcome != HIT]
+        missed_ends = np.cumsum(outcome.shape[1] - counts[:, HIT])
+        if self.steps_at_once(dict(request=request, phase=phase, step=step_no, tokens=1), layers, counts, missed,
+                              missed_ends, prepared):
+            return
+        if prepared is not None:
+            raise RuntimeError("a step prepared ahead for a run that could not be done at once")
+        counts_of_step, missed_ends = counts.tolist(), missed_ends.tolist()
         runs = iter(self.hit_runs(layers, lookups))
         next_run = next(runs, None)
         layer_ids = layers.tolist()
@@ -100,15 +134,9 @@ class Decode:
                     continue
             row = dict(request=request, phase=phase, step=step_no, layer=layer_ids[i], start_s=run.m.env.now,
                        tokens=1)
-            lookup = None
-            if lookups is not None:
-                n, end = counts_of_step[i], missed_ends[i]
-                lookup = (n, missed[end - (experts.shape[1] - n[HIT]): end])
-            yield from self.layer(layer_ids[i], experts[i], row, lookup)
+            n, end = counts_of_step[i], missed_ends[i]
+            yield from self.layer(layer_ids[i], experts[i], row, (n, missed[end - (experts.shape[1] - n[HIT]): end]))
             i += 1
-        self.end_of_token()
-        # the token exists once the last layer's kernels (queued on the stream) are done
-        yield run.m.gpu.drained()
 
 
 class CudaDecode(Decode):
@@ -122,20 +150,63 @@ class CudaDecode(Decode):
         self._token_chain: TokenChain | None = None  # made at the first token that can take it
 
     def lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
-        """Issue 33: a token's lookups in one kernel call when no step of it can change a pool: each step's
-        prepare() would find its pool as is (allocated, of its class, at the budget) and its experts fit the
-        compact staging (no growth that could release the caches), and no cell is missing. The outcomes are
-        then those of the steps' own lookups one after another (tests/test_ds4_engine.py)."""
+        """Issue 33: the lookups of the token's steps from the first in one kernel call, as far as no step can
+        change a pool (`_steps_ahead`). The outcomes are those of the steps' own lookups one after another
+        (tests/test_ds4_engine.py)."""
+        n = self._steps_ahead(layers, experts)
+        if n == 0:
+            return None
+        caches = self.run.caches
+        return caches.cache.access_steps(layers[:n], experts[:n], caches.pool_of_layers, MODE_EVICT)
+
+    def _steps_ahead(self, layers: np.ndarray, experts: np.ndarray) -> int:
+        """How many steps from the first can look up ahead: each step's prepare() would find its pool as is
+        (allocated, of its class, at the budget), its experts fit the compact staging (no growth that could release
+        the caches) and no cell is missing. A slab's change of size class ends them (that step frees and
+        reallocates the slab)."""
         run = self.run
         caches = run.caches
-        pools = caches.pool_of_layers[layers]
-        if not caches.as_is(pools, run.layers.class_of_layer[layers]):
+        n = caches.steps_as_is(run.layers.class_of_layer[layers].tolist())
+        if n:
+            staged = experts.shape[1] * run.layers.expert_bytes[layers[:n]]
+            if staged.max() > caches.staging_bytes:
+                n = int(np.argmax(staged > caches.staging_bytes))
+        if n:
+            missing = experts[:n] == MISSING
+            if missing.any():
+                n = int(np.argmax(missing.any(axis=1)))
+        return n
+
+    def prepared_lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
+        """Issue 33: a slab's changes of size class (or any other prepare() that frees or allocates) in a run that
+        will be done at once: prepare() is plain arithmetic on the caches and the thread's waits, which the compiled
+        call then pays after each step's ids readback, where `layer` pays them. Each prepare() is made after the
+        lookups of the steps before it. The run stops before a step whose staging would grow or whose routing has
+        a missing cell, and, on unified memory, at a second prepare() (the pool's VRAM is the page cache's RAM
+        there, which the steps before it read)."""
+        run = self.run
+        caches, memory = run.caches, run.m.memory
+        if not self._at_once(layers):
             return None
-        if experts.shape[1] * int(run.layers.expert_bytes[layers].max()) > caches.staging_bytes:
+        outcomes, counts, waits, ends, vram_used = [], [], [], [], []
+        first = 0
+        while first < len(layers) and not (first and memory.unified):
+            layer = int(layers[first])
+            if experts.shape[1] * run.layers.expert_bytes[layer] > caches.staging_bytes or \
+                    (experts[first] == MISSING).any():
+                break
+            waits += caches.prepare_at_once(int(run.layers.class_of_layer[layer]))[1]
+            last = first + 1 + self._steps_ahead(layers[first + 1:], experts[first + 1:])
+            outcome, count = caches.cache.access_steps(layers[first:last], experts[first:last], caches.pool_of_layers,
+                                                       MODE_EVICT)
+            outcomes.append(outcome)
+            counts.append(count)
+            ends += [len(waits)] * (last - first)
+            vram_used += [memory.used("vram")] * (last - first)
+            first = last
+        if not outcomes:
             return None
-        if (experts == MISSING).any():
-            return None
-        return caches.cache.access_steps(layers, experts, caches.pool_of_layers, MODE_EVICT)
+        return np.concatenate(outcomes), np.concatenate(counts), Prepared(waits, ends, vram_used)
 
     # Issue 33: a decode layer whose experts all hit, in a run alone on its machine (no other process, nothing
     # queued: Environment.runs_alone), has nothing to wait on but its own jobs, whose ends are known when issued:
@@ -145,13 +216,21 @@ class CudaDecode(Decode):
     # False: every layer through `layer`.
     chain_hits = True
 
-    # Issue 33: a token whose lookups were done ahead, in a run alone on its machine, done in one compiled call,
-    # misses included (sim/engines/ds4/decode_chain.py), where the run's settings are the ones that call covers.
-    # False: hit runs as chains, every other layer through `layer`.
+    # Issue 33: the steps of a token whose lookups were done ahead, in a run alone on its machine, done in one
+    # compiled call, misses included (sim/engines/ds4/decode_chain.py), where the run's settings are the ones that
+    # call covers. False: hit runs as chains, every other layer through `layer`.
     chain_tokens = True
 
-    def whole_token(self, row: dict, layers: np.ndarray, counts: np.ndarray, missed: np.ndarray,
-                    missed_ends: np.ndarray) -> bool:
+    def steps_at_once(self, row: dict, layers: np.ndarray, counts: np.ndarray, missed: np.ndarray,
+                      missed_ends: np.ndarray, prepared: Prepared | None) -> bool:
+        if not self._at_once(layers):
+            return False
+        self._token_chain.run_steps(row, layers, counts, missed, missed_ends, prepared)
+        return True
+
+    def _at_once(self, layers: np.ndarray) -> bool:
+        """Whether these steps can be done in one compiled call now: the run's settings are the ones it covers
+        and the machine has nothing else in flight (TokenChain.applies)."""
         run = self.run
         knobs = run.knobs
         if not (self.chain_tokens and knobs.overlap and not knobs.hits_first and run.loads.pool is None
@@ -159,10 +238,7 @@ class CudaDecode(Decode):
             return False
         if self._token_chain is None:
             self._token_chain = TokenChain(run)
-        if not self._token_chain.applies():
-            return False
-        self._token_chain.run_token(row, layers, counts, missed, missed_ends)
-        return True
+        return self._token_chain.applies()
 
     def hit_runs(self, layers: np.ndarray, lookups: tuple | None) -> list[tuple[int, int]]:
         run = self.run

@@ -14,8 +14,12 @@ from sim.engines.ds4.geometry import Layers
 from sim.engines.ds4.settings import Knobs
 
 PARTS_PER_EXPERT = 3  # gate, up, down: three file ranges, three copies (§1.8)
-# each part's copy_plan ends: its cache slot and its place in the compact staging
-PART_ENDS = tuple((f"slab:{part}", f"staging:{part}") for part in ("gate", "up", "down"))
+# A step's copy rows, part by part (gate, up, down), each part's in this order: its loaded experts into their cache
+# slots, its experts loaded directly into the compact staging, its experts handed over from their slots to the
+# staging; as (kind, source, destination) [part][copy]
+COPY_ROUTES = tuple((("H2D", "file", f"slab:{part}"), ("H2D", "file", f"staging:{part}"),
+                     ("D2D", f"slab:{part}", f"staging:{part}")) for part in ("gate", "up", "down"))
+_ROUTE_COLUMNS = [np.array(column, object) for column in zip(*(route for part in COPY_ROUTES for route in part))]
 
 
 class Loads:
@@ -171,9 +175,10 @@ class Loads:
             self._copies(sid, layer, loaded, direct, handed)
 
     def record_steps(self, row: dict, layers: list, k: int, hits: list, inserts: list, evictions: list, direct: list,
-                     drive_bytes: list, starts: list, ends: list) -> None:
+                     drive_bytes: list, starts: list, ends: list, vram_used: list | None = None) -> None:
         """`record` for layer steps done at once (sim/engines/ds4/decode_chain.py), each figure a list over them:
-        `row` the columns they share, each step's experts all looked up (k) and handed over (hits and loads)."""
+        `row` the columns they share, each step's experts all looked up (k) and handed over (hits and loads);
+        vram_used where the VRAM in use changed between them (None: it is what it is now)."""
         eb = self.expert_bytes
         loaded = [i + e for i, e in zip(inserts, evictions)]
         fetched = [n + d for n, d in zip(loaded, direct)]
@@ -183,19 +188,28 @@ class Loads:
                                 h2d_bytes=[n * eb[layer] for n, layer in zip(fetched, layers)],
                                 d2d_bytes=[(h + n) * eb[layer] for h, n, layer in zip(hits, loaded, layers)],
                                 file_read_bytes=drive_bytes, file_blob_reads=fetched, direct_loads=direct,
-                                vram_used_bytes=memory.used("vram"), ram_used_bytes=memory.used("ram"))
+                                vram_used_bytes=memory.used("vram") if vram_used is None else vram_used,
+                                ram_used_bytes=memory.used("ram"))
         if self.rec.copy_plan:
-            for sid, layer, h, n, d in zip(ids, layers, hits, loaded, direct):
-                self._copies(sid, layer, n, d, h + n)
+            self._copies_of_steps(ids, layers, loaded, direct, [h + n for h, n in zip(hits, loaded)])
 
     def _copies(self, sid: int, layer: int, loaded: int, direct: int, handed: int) -> None:
-        """A step's copy rows, part by part: loaded into cache slots, loaded directly into staging, handed over."""
+        """A step's copy rows (COPY_ROUTES): loaded into cache slots, loaded directly into staging, handed over."""
         copy = self.rec.copy
-        hand_over = handed and self.variant.hit_copy != "none"
-        for (slab, staging), part_bytes in zip(PART_ENDS, self.part_bytes[layer]):
-            if loaded:
-                copy(sid, "H2D", loaded, part_bytes, "file", slab)
-            if direct:
-                copy(sid, "H2D", direct, part_bytes, "file", staging)
-            if hand_over:
-                copy(sid, "D2D", handed, part_bytes, slab, staging)
+        counts = (loaded, direct, handed if self.variant.hit_copy != "none" else 0)
+        for routes, part_bytes in zip(COPY_ROUTES, self.part_bytes[layer]):
+            for (kind, source, destination), count in zip(routes, counts):
+                if count:
+                    copy(sid, kind, count, part_bytes, source, destination)
+
+    def _copies_of_steps(self, ids: range, layers: list, loaded: list, direct: list, handed: list) -> None:
+        """`_copies` of steps done at once, as arrays: [step, part, copy] flattened in `_copies`' order."""
+        n = len(layers)
+        counts = np.array([loaded, direct, handed if self.variant.hit_copy != "none" else [0] * n], np.int64).T
+        count = np.broadcast_to(counts[:, None, :], (n, PARTS_PER_EXPERT, 3)).ravel()
+        size = np.broadcast_to(self.layers.part_bytes[layers][:, :, None], (n, PARTS_PER_EXPERT, 3)).ravel()
+        rows = np.flatnonzero(count)
+        route = rows % (3 * PARTS_PER_EXPERT)
+        kinds, sources, destinations = (column[route] for column in _ROUTE_COLUMNS)
+        self.rec.copies_of(rows // (3 * PARTS_PER_EXPERT) + ids.start, kinds, count[rows], size[rows], sources,
+                           destinations)
