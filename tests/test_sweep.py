@@ -89,6 +89,42 @@ def test_four_point_sweep_writes_one_parquet_row_per_point(four):
     assert (frame["decode_tok_s"] > 0).all()
 
 
+def _frame_as_pandas_converts_it(row: dict, overrides: dict) -> pd.DataFrame:
+    """The oracle: a one-row frame pandas infers, its metric columns through pd.to_numeric(errors="coerce") and
+    astype, its text columns astype("string")."""
+    from sim.engines import extra_metrics
+    from sim.explore.runner import COUNTS, METRICS
+
+    flat = {**row, "overrides": json.dumps(overrides, sort_keys=True),
+            "notices": json.dumps(row.get("notices") or []), "out_of_domain": json.dumps(row.get("out_of_domain") or [])}
+    frame = pd.DataFrame([flat])
+    for k in (*METRICS, *extra_metrics()):
+        if k in frame:
+            frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
+    for k in ("error", "scenario_hash", "method", "notices", "out_of_domain"):
+        frame[k] = frame[k].astype("string")
+    return frame
+
+
+def test_a_point_row_has_the_types_and_file_bytes_pandas_gives_it(tmp_path):
+    """The parent builds each point's row typed column by column (issue 33): the same frame as pandas' own
+    conversion of an inferred frame, and the same Parquet bytes as DataFrame.to_parquet, for a run's row and a
+    failed one with text and missing figures."""
+    from sim.explore.sweep import _row_frame, _write_row
+
+    point = expand_grid(PER_CLASS, [f"{CACHE}=2048", "engine.flags.prefill-chunk=512"])[0]
+    row = evaluate(point)
+    failed = {**row, "cache_slots": None, "decode_tok_s": None, "cache_mib": "12.5", "lent_slots": "none",
+              "wall_s": None, "method": None, "error": "boom", "notices": ["a notice"]}
+    for case in (row, failed):
+        ours, oracle = _row_frame(case, point.overrides), _frame_as_pandas_converts_it(case, point.overrides)
+        pd.testing.assert_frame_equal(ours, oracle)
+        _write_row(ours, tmp_path / "ours.parquet")
+        oracle.to_parquet(tmp_path / "oracle.parquet", index=False)
+        assert (tmp_path / "ours.parquet").read_bytes() == (tmp_path / "oracle.parquet").read_bytes()
+    assert pd.isna(_row_frame(failed, point.overrides)["lent_slots"].iloc[0])  # text that is no number: missing
+
+
 def test_resume_recomputes_only_the_missing_point(four, tmp_path):
     out, _, _ = four
     copy = tmp_path / "copy"
