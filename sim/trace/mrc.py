@@ -105,8 +105,11 @@ def stack_distance_histograms(experts, phase, pool_of_layer, group_of_layer, key
                             m += one
                         bits[wb + w2] = 0
                         tree[tb + w2 + one] = 0  # times 0..m-1 are all live again: nothing removed
-                    for t2 in range(m):
-                        bits[wb + (t2 >> 6)] |= one << np.uint64(t2 & 63)
+                    full = m >> np.uint64(6)  # whole words of marks, then the partial one
+                    for w2 in range(full):
+                        bits[wb + w2] = ~np.uint64(0)
+                    if m & np.uint64(63):
+                        bits[wb + full] = (one << (m & np.uint64(63))) - one
                     t = m
                 bits[wb + (t >> 6)] |= one << np.uint64(t & 63)
                 key_at[wb * 64 + t] = key
