@@ -10,8 +10,10 @@ kernel, in the same order as the step path: the same floats, the same page cache
 (tests/test_ds4_engine.py runs scenarios with it and without it).
 
 Covered: the selected/shared overlap path without hits first, no pread pool, misses read by buffered preads
-(DS4_CUDA_NO_DIRECT_IO) one after another and uploaded by the worker, no non-routed weights over PCIe. Anything
-else goes through `CudaDecode.layer`.
+(DS4_CUDA_NO_DIRECT_IO) one after another and uploaded by the worker, no non-routed weights over PCIe. A step
+whose prepare() frees or allocates its pool (the pre-504 slab's change of size class) is covered too: that
+prepare() is made before the call (ExpertCaches.prepare_at_once, `Prepared`) and the call pays its waits where the
+step would. Anything else goes through `CudaDecode.layer`.
 """
 
 from __future__ import annotations
