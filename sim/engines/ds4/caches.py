@@ -103,15 +103,10 @@ class ExpertCaches:
         sizing.prepare_class_cache; the thread pays the frees and allocations. Returns the pool."""
         return (yield from _waits(thread, self._prepare_plan(cls, target_experts)))
 
-    def prepare_at_once(self, cls: int) -> tuple[int, list[float]]:
-        """`prepare` of the budget done now: the pool, and the seconds of the waits the thread would pay, in turn."""
-        plan = self._prepare_plan(cls, None)
-        waits = []
-        while True:
-            try:
-                waits.append(next(plan))
-            except StopIteration as done:
-                return done.value, waits
+    def prepare_at_once(self, cls: int) -> list[float]:
+        """`prepare` of the budget done now: the seconds of the waits the thread would pay, in turn (its pool is
+        the class's, or the slab)."""
+        return list(self._prepare_plan(cls, None))
 
     def _prepare_plan(self, cls: int, target_experts: int | None):
         target = self.budget_experts if target_experts is None else min(target_experts, self.budget_experts)

@@ -48,11 +48,11 @@ class Decode:
         step looks up for itself)."""
         return None
 
-    def prepared_lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
+    def prepared_lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple:
         """Where `lookups` cannot start at the first step (its prepare() frees or allocates) but a run from it can be
-        done at once: the run's prepare() calls made now, each before its step's lookup: (outcomes, counts,
-        Prepared). None: the first step goes through `layer`."""
-        return None
+        done at once: the run's prepare() calls made now, each before its step's lookup: ((outcomes, counts),
+        Prepared). (None, None): the first step goes through `layer`."""
+        return None, None
 
     def hit_runs(self, layers: np.ndarray, lookups: tuple | None) -> list[tuple[int, int]]:
         """Runs [first, last) of the token's layer steps that `chain` can do (none unless the backend has chains)."""
@@ -84,12 +84,9 @@ class Decode:
             experts = np.concatenate([experts, mtp_routing[: len(layers) - n_routed]])
         first, n = 0, len(layers)
         while first < n:
-            lookups = self.lookups(layers[first:], experts[first:])
-            prepared = None
+            lookups, prepared = self.lookups(layers[first:], experts[first:]), None
             if lookups is None:
-                lookups = self.prepared_lookups(layers[first:], experts[first:])
-                if lookups is not None:
-                    *lookups, prepared = lookups
+                lookups, prepared = self.prepared_lookups(layers[first:], experts[first:])
             if lookups is None:  # this step looks up itself (its pool may be freed, allocated or grown)
                 layer = int(layers[first])
                 row = dict(request=request, phase=phase, step=step_no, layer=layer, start_s=run.m.env.now, tokens=1)
@@ -165,19 +162,22 @@ class CudaDecode(Decode):
         the caches) and no cell is missing. A slab's change of size class ends them (that step frees and
         reallocates the slab)."""
         run = self.run
-        caches = run.caches
-        n = caches.steps_as_is(run.layers.class_of_layer[layers].tolist())
-        if n:
-            staged = experts.shape[1] * run.layers.expert_bytes[layers[:n]]
-            if staged.max() > caches.staging_bytes:
-                n = int(np.argmax(staged > caches.staging_bytes))
-        if n:
-            missing = experts[:n] == MISSING
-            if missing.any():
-                n = int(np.argmax(missing.any(axis=1)))
+        n = run.caches.steps_as_is(run.layers.class_of_layer[layers].tolist())
+        return self._steps_fit(layers[:n], experts[:n]) if n else 0
+
+    def _steps_fit(self, layers: np.ndarray, experts: np.ndarray) -> int:
+        """How many steps from the first fit the compact staging as it is and have no missing cell."""
+        run = self.run
+        staged = experts.shape[1] * run.layers.expert_bytes[layers]
+        n = len(layers)
+        if staged.max() > run.caches.staging_bytes:
+            n = int(np.argmax(staged > run.caches.staging_bytes))
+        missing = experts[:n] == MISSING
+        if missing.any():
+            n = int(np.argmax(missing.any(axis=1)))
         return n
 
-    def prepared_lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple | None:
+    def prepared_lookups(self, layers: np.ndarray, experts: np.ndarray) -> tuple:
         """Issue 33: a slab's changes of size class (or any other prepare() that frees or allocates) in a run that
         will be done at once: prepare() is plain arithmetic on the caches and the thread's waits, which the compiled
         call then pays after each step's ids readback, where `layer` pays them. Each prepare() is made after the
@@ -187,15 +187,13 @@ class CudaDecode(Decode):
         run = self.run
         caches, memory = run.caches, run.m.memory
         if not self._at_once(layers):
-            return None
+            return None, None
         outcomes, counts, waits, ends, vram_used = [], [], [], [], []
         first = 0
         while first < len(layers) and not (first and memory.unified):
-            layer = int(layers[first])
-            if experts.shape[1] * run.layers.expert_bytes[layer] > caches.staging_bytes or \
-                    (experts[first] == MISSING).any():
+            if not self._steps_fit(layers[first:first + 1], experts[first:first + 1]):
                 break
-            waits += caches.prepare_at_once(int(run.layers.class_of_layer[layer]))[1]
+            waits += caches.prepare_at_once(int(run.layers.class_of_layer[layers[first]]))
             last = first + 1 + self._steps_ahead(layers[first + 1:], experts[first + 1:])
             outcome, count = caches.cache.access_steps(layers[first:last], experts[first:last], caches.pool_of_layers,
                                                        MODE_EVICT)
@@ -205,8 +203,8 @@ class CudaDecode(Decode):
             vram_used += [memory.used("vram")] * (last - first)
             first = last
         if not outcomes:
-            return None
-        return np.concatenate(outcomes), np.concatenate(counts), Prepared(waits, ends, vram_used)
+            return None, None
+        return (np.concatenate(outcomes), np.concatenate(counts)), Prepared(waits, ends, vram_used)
 
     # Issue 33: a decode layer whose experts all hit, in a run alone on its machine (no other process, nothing
     # queued: Environment.runs_alone), has nothing to wait on but its own jobs, whose ends are known when issued:
