@@ -75,6 +75,13 @@ class Gpu(Strict):
     attention_tflops: TFlops | None = None
 
 
+class Simd(Strict):
+    """The widest vector instructions the host's cores run: which of ggml's CPU kernels llama.cpp's build uses
+    (sim/engines/llamacpp/kernels.py)."""
+    value: Literal["avx2", "avx512", "neon"]
+    source: str = Field(min_length=1)
+
+
 class Host(Strict):
     cpu: str = Field(min_length=1)
     hardware_threads: Threads  # what engines size their thread pools from (Strata's stagers: hw / 4)
@@ -84,6 +91,9 @@ class Host(Strict):
     # (Strata computes decode misses there): the pool's rate is this x its threads, at most the share of the DRAM
     # rate the copies and DMA in flight leave it (sim/machine Machine.cpu_kernel).
     expert_kernel_gbps: GBps
+    # AVX2, AVX-512 or NEON: the kernels of ggml's CPU backend a llama.cpp build runs here. Absent: llama.cpp's CPU
+    # experts run at expert_kernel_gbps, said in a notice.
+    simd: Simd | None = None
     ram_gib: GiBs  # host RAM; on unified memory the whole pool the GPU shares
     # RAM the OS, its desktop and other processes hold while the engine runs: neither the engine nor the
     # page cache can have it.

@@ -210,3 +210,22 @@ def test_fewer_gpu_layers_decode_slower_and_without_any_the_output_runs_on_the_c
     assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1] * 2
     none = _run(1, 8, **{"n-gpu-layers": 0}).summary["engine_state"]
     assert none["output_layer"] == "CPU" and none["cpu_blocks"] == 48
+
+
+def test_cpu_layers_run_at_ggmls_measured_kernels_and_say_where_they_were_measured(tmp_path):
+    """The CPU's matmuls run at ggml's kernels for the experts' types (IQ3_S-family and IQ4_NL slices here) on the
+    profile's vector instructions, measured on another CPU: the run names those records. A profile that does not
+    say its instructions runs at its own expert-kernel figure, told in a notice, and decodes at another rate."""
+    measured = _run(1, 4)
+    flagged = {note.split("(record ")[1].split(")")[0] for note in measured.summary["out_of_domain"]
+               if "(record llamacpp-ggml-" in note}
+    assert flagged == {"llamacpp-ggml-avx2-iq3_s", "llamacpp-ggml-avx2-iq4_xs"}
+    text = (ROOT / "scenarios" / "hardware" / "rtx-4090.toml").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("simd = ")]
+    assert len(lines) == len(text.splitlines()) - 1
+    profile = tmp_path / "rtx-4090-no-simd.toml"
+    profile.write_text("\n".join(lines) + "\n")
+    unsaid = _run(1, 4, hardware=str(profile))
+    assert ("no measured ggml CPU kernels for host.simd (not set): the CPU expert matmul runs at the profile's "
+            "host.expert_kernel_gbps per core") in unsaid.summary["notices"]
+    assert unsaid.summary["decode_tok_s"] != measured.summary["decode_tok_s"]

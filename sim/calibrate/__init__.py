@@ -10,7 +10,9 @@
   fitted to relative error, and its predictions;
 - `replay`: `expertsim calibrate --replay RESULTS`, a simulated run's copy plan replayed on the GPU,
   predicted vs measured time per step;
-- `fileformat`: the calibration file (JSON, schema version, provenance, raw samples, fitted parameters).
+- `fileformat`: the calibration file (JSON, schema version, provenance, raw samples, fitted parameters);
+- `ggml_kernels`: not the GPU's: ggml's CPU kernels per core and GGML type, timed with a llama.cpp build's own
+  llama-bench (the llama.cpp engine's CPU expert matmuls, records llamacpp-ggml-*).
 
 numba-cuda is imported in one place only (`cudaenv`), lazily, so the rest of expertsim never needs it; with
 NUMBA_ENABLE_CUDASIM=1 the kernels run in Numba's CUDA simulator (no GPU, no CUDA toolkit needed).

@@ -182,15 +182,17 @@ class Machine:
         return self._dram_job(thread, n_bytes, n_bytes, self._cores(n_threads) * self.expert_kernel_bytes_per_s, kind)
 
     def cpu_expert_matmul(self, thread: Server, read_bytes: float, work_bytes: float, n_threads: int,
-                          kind: str = "CPU expert matmul") -> simpy.Event:
+                          kind: str = "CPU expert matmul", core_bytes_per_s: float | None = None) -> simpy.Event:
         """`n_threads` cores multiplying a batch of tokens by experts in host RAM (llama.cpp's mul_mat_id on the
         CPU): each distinct expert's weights come out of DRAM once (read_bytes), while the dot products pass over
-        work_bytes of weights (an expert's bytes once per token routed to it) at the profile's expert kernel rate
-        per core. A DRAM job of the bytes read that lasts at least work_bytes / (n_threads x that rate); with one
-        token the two are equal and this is `cpu_kernel`. The calling process yields the event at once."""
+        work_bytes of weights (an expert's bytes once per token routed to it) at a kernel rate per core: the
+        engine's own kernels' (`core_bytes_per_s`, their code on this CPU), else the profile's expert kernel rate.
+        A DRAM job of the bytes read that lasts at least work_bytes / (n_threads x that rate); with one token the
+        two are equal. The calling process yields the event at once."""
         if work_bytes <= 0:
             return self.env.timeout(0)
-        cap = self._cores(n_threads) * self.expert_kernel_bytes_per_s * read_bytes / work_bytes
+        per_core = self.expert_kernel_bytes_per_s if core_bytes_per_s is None else core_bytes_per_s
+        cap = self._cores(n_threads) * per_core * read_bytes / work_bytes
         return self._dram_job(thread, read_bytes, work_bytes, cap, kind, at_once=True)
 
     def _cores(self, n_threads: int) -> int:

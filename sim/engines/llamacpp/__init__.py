@@ -6,6 +6,7 @@ offload). ../shared/reference/llamacpp-engine.md (llama.cpp @ 34af94cd9, ik_llam
     weights.py   the non-expert weights and attention of each supported file
     vram.py      what the load puts on the GPU, and mainline's --fit        memory.py  the load's memory plan
     search.py    plan's knobs                                               process.py the SimPy process
+    kernels.py   ggml's CPU kernels per core, by type and instruction set (measured: sim/calibrate/ggml_kernels.py)
 """
 
 from __future__ import annotations

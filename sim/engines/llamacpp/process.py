@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engines.base import Bounds, EngineState
+from sim.engines.llamacpp.kernels import expert_core_rate
 from sim.engines.llamacpp.memory import HOST_WORDS, plan_memory
 from sim.engines.llamacpp.vram import FP32_BYTES, layer_weight_bytes, part_bytes
 from sim.engines.llamacpp.settings import RUN_PADDING_BYTES, Knobs
@@ -73,6 +74,20 @@ class LlamaCppProcess:
         self.attention = weights.attention
         # -ngl: the layers before the first GPU block run whole on the CPU, the output layer on either side
         self.whole_cpu = knobs.whole_cpu[: self.n_layers].tolist()
+        # one core's rate in ggml's kernels over a layer's host-resident slices (kernels.py), and over all its slices
+        # for a layer -ngl leaves on the CPU, whose other weights go at its experts' rate [E: their types are not held]
+        types = np.array([[x.gate_type, x.up_type, x.down_type] for x in layout.layers[: self.n_layers]])
+        simd = scenario.hardware_profile.host.simd
+        isa = None if simd is None else simd.value
+
+        def core_rate(layer: int, mask) -> float | None:
+            return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices)
+
+        everything = np.ones(3, bool)
+        self.cpu_core_rate = [core_rate(i, on_cpu[i]) if self.cpu_layer[i] else None for i in range(self.n_layers)]
+        self.whole_core_rate = [core_rate(i, everything) if self.whole_cpu[i] else None
+                                for i in range(self.n_layers)]
+        self.output_core_rate = None if knobs.output_on_gpu else core_rate(self.n_layers - 1, everything)
         self.layer_weight_bytes = layer_weight_bytes(weights, self.n_layers)
         self.output_bytes = weights.output_bytes
         # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM,
@@ -148,7 +163,7 @@ class LlamaCppProcess:
         fault = yield from self._faults(layer, used)
         read = len(used) * int(self.cpu_bytes[layer])
         work = len(selected) * int(self.cpu_bytes[layer])
-        yield self.m.cpu_expert_matmul(self.cpu, read, work, threads)
+        yield self.m.cpu_expert_matmul(self.cpu, read, work, threads, core_bytes_per_s=self.cpu_core_rate[layer])
         yield from self._switch(n * self.hidden_bytes, False)
         self.totals["cpu_layer_steps"] += 1
         self.totals["cpu_expert_read_bytes"] += read
@@ -190,7 +205,7 @@ class LlamaCppProcess:
         expert = int(self.cpu_bytes[layer])
         read = self.layer_weight_bytes + len(used) * expert + self._kv_bytes(first + n - 1, 1)
         work = n * self.layer_weight_bytes + len(selected) * expert + self._kv_bytes(first, n)
-        yield self.m.cpu_expert_matmul(self.cpu, read, work, threads, "layer (CPU)")
+        yield self.m.cpu_expert_matmul(self.cpu, read, work, threads, "layer (CPU)", self.whole_core_rate[layer])
         self.totals["whole_cpu_layer_steps"] += 1
         self.totals["cpu_expert_read_bytes"] += len(used) * expert
         self.totals["cpu_layer_weight_bytes"] += self.layer_weight_bytes
@@ -220,7 +235,7 @@ class LlamaCppProcess:
             if not on_host:
                 yield from self._switch(self.hidden_bytes, True)
             yield m.cpu_expert_matmul(self.cpu, self.output_bytes, self.output_bytes, self.knobs.threads,
-                                      "output layer (CPU)")
+                                      "output layer (CPU)", self.output_core_rate)
             self.totals["cpu_layer_weight_bytes"] += self.output_bytes
 
     # --- a token and a ubatch ---------------------------------------------------------------------

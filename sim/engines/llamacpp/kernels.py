@@ -1,0 +1,49 @@
+"""How fast one CPU core runs ggml's dequantize-and-dot kernels over expert weights (the CPU's mul_mat_id, §3.1),
+per GGML type and instruction set: llama.cpp's own kernels, not the profile's expert-kernel figure (that is Strata's
+pool, sim/hardware.py Host.expert_kernel_gbps).
+
+The figures are measured (records llamacpp-ggml-<isa>-<type>, sim/engines/records.py): llama-bench decode of synthetic
+Qwen3-30B-A3B-shaped models on one thread, the experts of every layer requantized to one type, the time of 8 layers
+taken as the difference of a 16-layer and an 8-layer model. A type with no measurement of its own takes the measured
+kernel of its family [E: the family's kernels share their inner loop]; the machine caps a layer's rate by the cores
+and the DRAM it shares (sim/machine Machine.cpu_expert_matmul). They are mainline's kernels on one Zen 4 core: the ik
+variant runs at them too (ik_llama.cpp's own kernels are faster on several types, its PRs say), and another CPU's
+cores at another rate, which every run's out_of_domain says (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+from sim.engines.records import ggml_kernel_record_id
+
+# the measured kernel whose rate a type takes: itself, or its family's
+MEASURED_AS = {
+    "Q8_0": "Q8_0", "Q6_0": "Q8_0",
+    "Q4_0": "Q5_0", "Q4_1": "Q5_0", "Q5_0": "Q5_0", "Q5_1": "Q5_0",
+    "Q2_K": "Q4_K", "Q3_K": "Q4_K", "Q4_K": "Q4_K", "Q5_K": "Q4_K", "Q6_K": "Q6_K",
+    "MXFP4": "MXFP4",
+    "IQ4_NL": "IQ4_XS", "IQ4_XS": "IQ4_XS",
+    "IQ1_S": "IQ3_S", "IQ1_M": "IQ3_S", "IQ2_XXS": "IQ3_S", "IQ2_XS": "IQ3_S", "IQ2_S": "IQ3_S", "IQ3_XXS": "IQ3_S",
+    "IQ3_S": "IQ3_S",
+}
+
+# ggml's CPU kernels by instruction set: the profile's host.simd picks one (NEON has no measurement here)
+MEASURED_ISAS = ("avx2", "avx512")
+
+
+def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: list[str]) -> float | None:
+    """One core's rate over one expert's slices (gate, up, down: bytes and types), bytes per second: the bytes over
+    the sum of each slice's time at its type's rate. None where a slice's type or the profile's instruction set has
+    no measurement: the machine's own expert-kernel figure then, said in a notice."""
+    seconds = 0.0
+    for n_bytes, type_name in zip(part_bytes, part_types):
+        measured = MEASURED_AS.get(str(type_name))
+        if measured is None or isa not in MEASURED_ISAS:
+            why = (f"no measured ggml CPU kernel for {type_name}" if measured is None
+                   else f"no measured ggml CPU kernels for host.simd {isa or '(not set)'}")
+            note = f"{why}: the CPU expert matmul runs at the profile's host.expert_kernel_gbps per core"
+            if note not in notices:
+                notices.append(note)
+            return None
+        r = domain.use(ggml_kernel_record_id(isa, measured), f"ggml's {measured} kernel on one {isa} core")
+        seconds += n_bytes / (r.value * 1e9)
+    return float(sum(part_bytes)) / seconds

@@ -1,0 +1,85 @@
+"""sim/calibrate/ggml_kernels.py (the measurement of ggml's CPU kernels per type) and sim/engines/llamacpp/kernels.py
+(the engine's use of its figures)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.calibrate import ggml_kernels as gk
+from sim.engines.llamacpp import kernels
+from sim.engines.records import BY_ID, Domain, ggml_kernel_record_id
+
+
+def test_rates_recover_the_kernels_times_were_made_of():
+    # times of the 8- and 16-layer models made from chosen rates (GB/s of one core), a fixed cost per token outside
+    # the layers, and the bytes a layer reads worked out by hand: attention 2048 x (4096 + 2 x 512) + 4096 x 2048 =
+    # 18,874,368 weights at Q8_0 (34 bytes per 32) = 20,054,016 B; 8 experts x 3 x 2048 x 768 weights, Q8_0
+    # 40,108,032 B, Q4_K (144 bytes per 256) 21,233,664 B
+    q8, q4k, fixed = 19.0e9, 8.0e9, 0.012
+    attention, experts_q8, experts_q4k = 20_054_016, 40_108_032, 21_233_664
+    layer_q8 = (attention + experts_q8) / q8
+    layer_q4k = attention / q8 + experts_q4k / q4k
+    seconds = {"Q8_0": (fixed + 8 * layer_q8, fixed + 16 * layer_q8),
+               "Q4_K": (fixed + 8 * layer_q4k, fixed + 16 * layer_q4k)}
+    got = gk.rates(seconds)
+    assert got["Q8_0"] == pytest.approx(19.0)
+    assert got["Q4_K"] == pytest.approx(8.0)
+
+
+def test_the_synthetic_model_has_the_shapes_llama_cpp_loads(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    vocab = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(vocab), "qwen3moe")
+    tokens = [f"t{i}" for i in range(64)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    path = tmp_path / "m.gguf"
+    gk.write_model(path, 1, vocab)
+    reader = gguf.GGUFReader(str(path))
+    shapes = {t.name: (t.tensor_type.name, [int(x) for x in t.shape]) for t in reader.tensors}
+    # qwen3moe's tensors as llama.cpp creates them (src/models/qwen3moe.cpp: gate/up {n_embd, n_ff_exp, n_expert},
+    # down {n_ff_exp, n_embd, n_expert}; ggml's order, innermost first)
+    assert shapes["blk.0.ffn_gate_exps.weight"] == ("Q8_0", [2048, 768, 16])
+    assert shapes["blk.0.ffn_up_exps.weight"] == ("Q8_0", [2048, 768, 16])
+    assert shapes["blk.0.ffn_down_exps.weight"] == ("Q8_0", [768, 2048, 16])
+    assert shapes["blk.0.attn_q.weight"] == ("Q8_0", [2048, 4096])
+    assert shapes["blk.0.attn_k.weight"] == ("Q8_0", [2048, 512])
+    assert shapes["token_embd.weight"] == ("Q8_0", [2048, 64])
+    fields = reader.fields
+    assert int(fields["qwen3moe.expert_used_count"].contents()) == 8
+    assert fields["tokenizer.ggml.tokens"].contents() == tokens
+    gate = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    assert int(gate.n_bytes) == 16 * 768 * 2048 // 32 * 34
+
+
+@pytest.mark.parametrize("type_name", sorted(kernels.MEASURED_AS))
+def test_every_type_llama_cpp_runs_on_a_measured_kernel(type_name):
+    measured = kernels.MEASURED_AS[type_name]
+    for isa in kernels.MEASURED_ISAS:
+        record = BY_ID[ggml_kernel_record_id(isa, measured)]
+        assert record.unit == "GB/s" and record.value > 0 and record.engine == "llama.cpp"
+
+
+def test_an_expert_of_two_types_takes_the_time_of_each_slice():
+    domain = Domain("llama.cpp", "m", "h", None)
+    q8 = BY_ID[ggml_kernel_record_id("avx512", "Q8_0")].value * 1e9
+    q6k = BY_ID[ggml_kernel_record_id("avx512", "Q6_K")].value * 1e9
+    parts, types = np.array([100.0, 100.0, 300.0]), np.array(["Q8_0", "Q8_0", "Q6_K"])
+    rate = kernels.expert_core_rate(parts, types, "avx512", domain, [])
+    assert rate == pytest.approx(500.0 / (200.0 / q8 + 300.0 / q6k))
+    # measured elsewhere: every run says so
+    assert any("llamacpp-ggml-avx512-q8_0" in note for note in domain.out_of_domain())
+
+
+def test_a_cpu_without_a_measurement_runs_at_the_profiles_figure_and_says_so():
+    notices = []
+    rate = kernels.expert_core_rate(np.array([1.0, 1.0, 1.0]), np.array(["Q8_0"] * 3), "neon",
+                                    Domain("llama.cpp", "m", "h", None), notices)
+    assert rate is None  # the machine's own figure (sim/machine Machine.cpu_expert_matmul)
+    assert notices == ["no measured ggml CPU kernels for host.simd neon: the CPU expert matmul runs at the profile's "
+                       "host.expert_kernel_gbps per core"]
