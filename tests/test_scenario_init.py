@@ -183,6 +183,7 @@ def test_hardware_init_changes_a_figure_and_a_scenario_names_the_copy(tmp_path):
     ("gpu.vram_gib=nan", ["gpu.vram_gib", "nan", "finite"]),  # issue 34: a ValueError traceback before
     ("gpu.vram_gib=inf", ["gpu.vram_gib", "inf", "finite"]),
     ("dram_bandwidth_gbps=100", ["gpu.dram_bandwidth_gbps", "host.dram_bandwidth_gbps"]),  # two tables have it
+    ("host.simd=sse", ["host.simd", "sse", "avx2, avx512, neon"]),
 ])
 def test_hardware_init_refuses_a_bad_field_or_value_in_one_line(tmp_path, setting, needles):
     proc = expertsim("hardware", "init", "rtx-4090", "--set", setting, "-o", "x.toml", cwd=tmp_path, check=False)
@@ -202,3 +203,12 @@ def test_hardware_init_edits_in_place_adds_what_is_missing_and_keeps_the_rest(tm
     for key in ("gpu", "host", "pcie", "ssd", "d2d", "latency"):
         assert after[key] == before[key]
     one_line_error(expertsim("hardware", "init", base, "-o", "h.toml", cwd=tmp_path, check=False), "--force")
+
+
+def test_hardware_init_sets_the_hosts_vector_instructions_with_their_source(tmp_path):
+    # host.simd is a word with its source, not a quantity: one --set writes both (a traceback before: the copy
+    # declared host.simd twice)
+    expertsim("hardware", "init", "rtx-4090", "--set", "host.simd=avx512", "-o", "x.toml", cwd=tmp_path)
+    simd = tomllib.loads((tmp_path / "x.toml").read_text())["host"]["simd"]
+    assert simd["value"] == "avx512" and "what-if set by the user" in simd["source"] and "rtx-4090 has avx2" in \
+        simd["source"]

@@ -52,7 +52,7 @@ def profile_fields(data: dict) -> dict[tuple[str, ...], object]:
     def walk(model: type[BaseModel], prefix: tuple[str, ...], node: dict) -> None:
         for name, info in model.model_fields.items():
             kind, path = unwrap(info.annotation), prefix + (name,)
-            if isinstance(kind, type) and issubclass(kind, Quantity):
+            if isinstance(kind, type) and (issubclass(kind, Quantity) or _is_sourced_choice(kind)):
                 fields[path] = kind
             elif isinstance(kind, type) and issubclass(kind, BaseModel):
                 if name in node or info.is_required():
@@ -65,6 +65,11 @@ def profile_fields(data: dict) -> dict[tuple[str, ...], object]:
 
     walk(HardwareProfile, (), data)
     return fields
+
+
+def _is_sourced_choice(kind: type) -> bool:
+    """A table of a value and its source without a unit (host.simd): set as one field, its value a word."""
+    return issubclass(kind, BaseModel) and set(kind.model_fields) == {"value", "source"}
 
 
 def _field_path(text: str, fields: dict, spec: str) -> tuple[str, ...]:
@@ -161,6 +166,16 @@ def write_hardware(base: str, output: str | Path, settings: Sequence[str] = (), 
             value = {"value": value, "unit": unit, "source": f"[E] what-if set by the user (expertsim hardware init "
                                                              f"--set {dotted(path)}={value_text.strip()}); {was}"}
             shown[dotted(path)] = f"{toml_value(value['value'])} {unit}"
+        elif isinstance(kind, type) and _is_sourced_choice(kind):
+            allowed = typing.get_args(kind.model_fields["value"].annotation)
+            if value_text.strip() not in allowed:
+                raise InputError("hardware init", dotted(path), value_text.strip(),
+                                 f"must be one of {', '.join(allowed)}")
+            old = _get(data, path)
+            was = f"{profile.name} has {old['value']}" if isinstance(old, dict) else f"not in {profile.name}"
+            value = {"value": value_text.strip(), "source": f"[E] what-if set by the user (expertsim hardware init "
+                                                            f"--set {dotted(path)}={value_text.strip()}); {was}"}
+            shown[dotted(path)] = value["value"]
         else:
             shown[dotted(path)] = value
         changes[path] = value
