@@ -13,7 +13,7 @@ cores at another rate, which every run's out_of_domain says (docs/calibration.md
 
 from __future__ import annotations
 
-from sim.engines.records import ggml_kernel_record_id
+from sim.engines.records import GGML_KERNEL_GBPS, ggml_kernel_record_id
 
 # the measured kernel whose rate a type takes: itself, or its family's
 MEASURED_AS = {
@@ -26,8 +26,8 @@ MEASURED_AS = {
     "IQ3_S": "IQ3_S",
 }
 
-# ggml's CPU kernels by instruction set: the profile's host.simd picks one (NEON has no measurement here)
-MEASURED_ISAS = ("avx2", "avx512")
+# ggml's CPU kernels by instruction set: the profile's host.simd picks one (those with a measurement; NEON has none)
+MEASURED_ISAS = frozenset(isa for isa, _ in GGML_KERNEL_GBPS)
 
 
 def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: list[str]) -> float | None:

@@ -28,7 +28,7 @@ import numpy as np
 from sim.engines.base import Bounds, EngineState
 from sim.engines.llamacpp.kernels import expert_core_rate
 from sim.engines.llamacpp.memory import HOST_WORDS, plan_memory
-from sim.engines.llamacpp.vram import FP32_BYTES, layer_weight_bytes, part_bytes
+from sim.engines.llamacpp.vram import FP32_BYTES, layer_weight_bytes, part_bytes, part_types
 from sim.engines.llamacpp.settings import RUN_PADDING_BYTES, Knobs
 from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
@@ -76,7 +76,7 @@ class LlamaCppProcess:
         self.whole_cpu = knobs.whole_cpu[: self.n_layers].tolist()
         # one core's rate in ggml's kernels over a layer's host-resident slices (kernels.py), and over all its slices
         # for a layer -ngl leaves on the CPU, whose other weights go at its experts' rate [E: their types are not held]
-        types = np.array([[x.gate_type, x.up_type, x.down_type] for x in layout.layers[: self.n_layers]])
+        types = part_types(layout)[: self.n_layers]
         simd = scenario.hardware_profile.host.simd
         isa = None if simd is None else simd.value
 

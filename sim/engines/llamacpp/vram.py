@@ -24,6 +24,11 @@ def part_bytes(layout) -> np.ndarray:
     return np.array([[x.gate_bytes, x.up_bytes, x.down_bytes] for x in layout.layers], np.int64)
 
 
+def part_types(layout) -> np.ndarray:
+    """str [routed layers, 3]: GGML type names of one expert's gate, up and down slices (part_bytes' order)."""
+    return np.array([[x.gate_type, x.up_type, x.down_type] for x in layout.layers])
+
+
 def layer_weight_bytes(weights, n_layers: int) -> float:
     """A routed layer's share of the non-expert weights besides the output projection: attention, router, shared
     expert, norms (and the dense blocks' FFNs), spread evenly over the routed layers [E: per-block sizes not held]."""
