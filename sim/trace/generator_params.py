@@ -92,7 +92,8 @@ class _Model:
         steps = prompt + decode
         total = n_req * steps
         n_layers, n_experts = self.w.shape
-        state = GeneratorState(np.uint64(seed), n_layers, n_experts, self.n_ctx, self.n_groups, steps)
+        state = GeneratorState(np.uint64(seed), n_layers, n_experts, self.geo.top_k, self.n_ctx, self.n_groups, steps,
+                               self.lag_cum)
         w_run, thr = self.w_run, self.thr  # computed properties: once, not per block
         block = max(1, min(total, BLOCK_PICKS // (n_layers * self.geo.top_k)))
         back = read_back_rows(self.lag_cum)
@@ -104,11 +105,11 @@ class _Model:
             if first:  # the rows read back, from the end of the block before to the front
                 window[:back] = window[block: block + back].copy()
             _kernel_rows(window, first - back, first, last, prompt, decode, state.st, state.zg, state.zi,
-                         state.cum, state.tok_of, state.stamp, state.counters, self.geo.top_k, w_run, self.sigma,
-                         thr, self.leak, self.local, self.eta, self.group_of, self.members, self.gstart,
-                         self.n_groups, self.ctx_of, self.n_ctx, self.kappa, self.stick, self.rho, self.recall,
-                         self.lag_cum, self.partner, self.seg_p, self.drift, self.is_hash, self.vocab_cum,
-                         self.tok_rho, self.tok_lag_cum, np.uint64(self.hash_seed))
+                         state.cum, state.lag_guide, state.by_ctx, state.tok_of, state.stamp, state.counters,
+                         self.geo.top_k, w_run, self.sigma, thr, self.leak, self.local, self.eta, self.group_of,
+                         self.members, self.gstart, self.n_groups, self.ctx_of, self.n_ctx, self.kappa, self.stick,
+                         self.rho, self.recall, self.lag_cum, self.partner, self.seg_p, self.drift, self.is_hash,
+                         self.vocab_cum, self.tok_rho, self.tok_lag_cum, np.uint64(self.hash_seed))
             yield first, window[back: back + last - first]
 
 
