@@ -8,7 +8,7 @@ import pytest
 
 from sim.calibrate import ggml_kernels as gk
 from sim.engines.llamacpp import kernels
-from sim.engines.records import BY_ID, Domain, ggml_kernel_record_id
+from sim.engines.records import BY_ID, GGML_KERNEL_GBPS, Domain, ggml_kernel_record_id
 
 
 def test_rates_recover_the_kernels_times_were_made_of():
@@ -58,17 +58,42 @@ def test_the_synthetic_model_has_the_shapes_llama_cpp_loads(tmp_path):
 
 
 @pytest.mark.parametrize("type_name", sorted(kernels.MEASURED_AS))
-def test_every_type_llama_cpp_runs_on_a_measured_kernel(type_name):
-    measured = kernels.MEASURED_AS[type_name]
+@pytest.mark.parametrize("build", ["ggml", "ik"])
+def test_every_type_llama_cpp_runs_on_a_measured_kernel(type_name, build):
     for isa in kernels.MEASURED_ISAS:
-        record = BY_ID[ggml_kernel_record_id(isa, measured)]
+        kernel_build, measured = kernels.measured_kernel(build, isa, type_name)
+        record = BY_ID[ggml_kernel_record_id(kernel_build, isa, measured)]
         assert record.unit == "GB/s" and record.value > 0 and record.engine == "llama.cpp"
+        assert measured in (type_name, kernels.MEASURED_AS[type_name])
+
+
+def test_ik_llama_cpp_runs_its_own_kernels_where_measured_and_mainlines_elsewhere():
+    measured_by_ik = {(isa, t) for build, isa, t in GGML_KERNEL_GBPS if build == "ik"}
+    assert ("avx512", "IQ3_XXS") in measured_by_ik  # its own, not its family's (mainline has IQ3_S only)
+    assert kernels.measured_kernel("ik", "avx512", "IQ3_XXS") == ("ik", "IQ3_XXS")
+    assert kernels.measured_kernel("ggml", "avx512", "IQ3_XXS") == ("ggml", "IQ3_S")
+    notices = []
+    domain = Domain("llama.cpp", "m", "h", None)
+    ik_q8 = kernels.expert_core_rate(np.array([1e6] * 3), np.array(["Q8_0"] * 3), "avx512", domain, notices, "ik")
+    assert ik_q8 == pytest.approx(GGML_KERNEL_GBPS["ik", "avx512", "Q8_0"] * 1e9) and notices == []
+    # no ik measurement on AVX2: mainline's kernel, said once
+    rate = kernels.expert_core_rate(np.array([1e6] * 3), np.array(["Q8_0"] * 3), "avx2", domain, notices, "ik")
+    assert rate == pytest.approx(GGML_KERNEL_GBPS["ggml", "avx2", "Q8_0"] * 1e9)
+    assert notices == ["no measured ik_llama.cpp CPU kernel for Q8_0 on avx2: mainline ggml's Q8_0 kernel stands in"]
+
+
+def test_ik_llama_cpp_quantize_takes_its_own_flags():
+    assert gk.expert_type_flags("IQ3_XXS", ik=True) == [
+        "--custom-q", "ffn_gate_exps=iq3_xxs,ffn_up_exps=iq3_xxs,ffn_down_exps=iq3_xxs"]
+    assert gk.expert_type_flags("Q4_K", ik=False) == [
+        "--tensor-type", "ffn_gate_exps=q4_K", "--tensor-type", "ffn_up_exps=q4_K", "--tensor-type",
+        "ffn_down_exps=q4_K"]  # ggml's spelling of the type (ggml.c type_traits), which ik's parser requires
 
 
 def test_an_expert_of_two_types_takes_the_time_of_each_slice():
     domain = Domain("llama.cpp", "m", "h", None)
-    q8 = BY_ID[ggml_kernel_record_id("avx512", "Q8_0")].value * 1e9
-    q6k = BY_ID[ggml_kernel_record_id("avx512", "Q6_K")].value * 1e9
+    q8 = BY_ID[ggml_kernel_record_id("ggml", "avx512", "Q8_0")].value * 1e9
+    q6k = BY_ID[ggml_kernel_record_id("ggml", "avx512", "Q6_K")].value * 1e9
     parts, types = np.array([100.0, 100.0, 300.0]), np.array(["Q8_0", "Q8_0", "Q6_K"])
     rate = kernels.expert_core_rate(parts, types, "avx512", domain, [])
     assert rate == pytest.approx(500.0 / (200.0 / q8 + 300.0 / q6k))

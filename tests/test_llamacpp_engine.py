@@ -229,3 +229,19 @@ def test_cpu_layers_run_at_ggmls_measured_kernels_and_say_where_they_were_measur
     assert ("no measured ggml CPU kernels for host.simd (not set): the CPU expert matmul runs at the profile's "
             "host.expert_kernel_gbps per core") in unsaid.summary["notices"]
     assert unsaid.summary["decode_tok_s"] != measured.summary["decode_tok_s"]
+
+
+def test_ik_llama_cpp_runs_its_own_measured_kernels_and_mainlines_where_it_has_none():
+    """The ik variant's CPU layers run at ik_llama.cpp's kernels (records llamacpp-ik-*) where they were measured for
+    the profile's instructions: the seed file's IQ3_XXS slices at ik's own IQ3_XXS kernel and IQ4_NL at ik's IQ4_XS
+    family kernel on an AVX-512 host; IQ3_S, which ik's table lacks, at mainline's, told in a notice; an AVX2 host has
+    no ik row at all (mainline's IQ3_S family kernel then takes IQ3_XXS too)."""
+    def flagged(result):
+        return {note.split("(record ")[1].split(")")[0] for note in result.summary["out_of_domain"]
+                if "(record llamacpp-" in note}
+
+    avx512 = _run(1, 4, hardware="rtx-pro-6000-maxq-9175f", variant="ik")
+    assert flagged(avx512) == {"llamacpp-ik-avx512-iq3_xxs", "llamacpp-ggml-avx512-iq3_s", "llamacpp-ik-avx512-iq4_xs"}
+    assert any("no measured ik_llama.cpp CPU kernel for IQ3_S on avx512" in n for n in avx512.summary["notices"])
+    avx2 = _run(1, 4, variant="ik")
+    assert flagged(avx2) == {"llamacpp-ggml-avx2-iq3_s", "llamacpp-ggml-avx2-iq4_xs"}

@@ -2,6 +2,8 @@
 the figures llama.cpp's CPU expert matmuls run at (sim/engines/llamacpp/kernels.py, records llamacpp-ggml-*).
 
     python -m sim.calibrate.ggml_kernels --llama-cpp ~/llama.cpp --bin ~/llama.cpp/build/bin --work /tmp/ggml-kernels
+    python -m sim.calibrate.ggml_kernels --llama-cpp ~/llama.cpp --bin ~/ik_llama.cpp/build/bin --work /tmp/ik --ik \
+        --types IQ3_XXS IQ4_XS Q4_K Q6_K Q5_0 MXFP4
 
 Two synthetic Qwen3-30B-A3B-shaped models are written (8 and 16 layers: hidden 2048, 32 query and 4 K/V heads of 128,
 16 experts of width 768, 8 used; every weight Q8_0 blocks of random int8 under one scale; the Qwen2 vocabulary of
@@ -132,11 +134,22 @@ def decode_seconds(bench: Path, model: Path, threads: int) -> float:
     """Seconds per decoded token: the fastest of llama-bench's 5 runs of 16 tokens (on a shared machine other load
     only ever slows a run down)."""
     out = subprocess.run([str(bench), "-m", str(model), "-p", "0", "-n", "16", "-r", "5", "-t", str(threads),
-                          "-ngl", "0", "-fa", "0", "-o", "jsonl"], check=True, capture_output=True, text=True).stdout
-    return 1.0 / max(json.loads(out.splitlines()[-1])["samples_ts"])
+                          "-ngl", "0", "-fa", "0", "-o", "json"], check=True, capture_output=True, text=True).stdout
+    return 1.0 / max(json.loads(out)[-1]["samples_ts"])  # json: both builds print it (ik's has no jsonl)
 
 
-def measure(llama_cpp: Path, bin_dir: Path, work: Path, types=TYPES, threads: int = 1) -> dict:
+def expert_type_flags(type_name: str, ik: bool) -> list[str]:
+    """llama-quantize's flags that give the expert tensors (gate, up, down) one type: mainline's --tensor-type per
+    tensor, ik_llama.cpp's --custom-q list of regex=type rules (its examples/quantize/quantize.cpp)."""
+    # ggml's own type names (ggml.c type_traits: "q4_K", "iq3_xxs"): ik's parser takes no other spelling
+    name = type_name.lower()[:-2] + "_K" if type_name.endswith("_K") else type_name.lower()
+    rules = [f"ffn_{part}_exps={name}" for part in ("gate", "up", "down")]
+    if ik:
+        return ["--custom-q", ",".join(rules)]
+    return [a for rule in rules for a in ("--tensor-type", rule)]
+
+
+def measure(llama_cpp: Path, bin_dir: Path, work: Path, types=TYPES, threads: int = 1, ik: bool = False) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     vocab = llama_cpp / "models" / "ggml-vocab-qwen2.gguf"
     seconds = {}
@@ -148,10 +161,8 @@ def measure(llama_cpp: Path, bin_dir: Path, work: Path, types=TYPES, threads: in
                 write_model(base, n, vocab)
             model = base if kind == "Q8_0" else work / f"L{n}_{kind.lower()}.gguf"
             if not model.exists():
-                overrides = [a for part in ("gate", "up", "down")
-                             for a in ("--tensor-type", f"ffn_{part}_exps={kind.lower()}")]
-                subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", *overrides, str(base),
-                                str(model), "Q8_0"], check=True, capture_output=True)
+                subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", *expert_type_flags(kind, ik),
+                                str(base), str(model), "Q8_0"], check=True, capture_output=True)
             pair.append(model)
         # the two models in turn, ROUNDS times, each its fastest: load that comes and goes hits both alike
         times = [[decode_seconds(bin_dir / "llama-bench", m, threads) for m in pair] for _ in range(ROUNDS)]
@@ -159,17 +170,21 @@ def measure(llama_cpp: Path, bin_dir: Path, work: Path, types=TYPES, threads: in
         seconds[kind] = tuple(pair)
         print(f"{kind}: {pair[0] * 1e3:.2f} / {pair[1] * 1e3:.2f} ms a token", file=sys.stderr)
     return {"seconds_per_token": seconds, "gbps_per_core": rates(seconds), "threads": threads,
-            "layers": LAYER_PAIR}
+            "layers": LAYER_PAIR, "build": "ik_llama.cpp" if ik else "llama.cpp"}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", type=Path, required=True, help="the llama.cpp source tree (its models/)")
+    parser.add_argument("--llama-cpp", type=Path, required=True,
+                        help="a llama.cpp source tree (its models/ggml-vocab-qwen2.gguf; ik_llama.cpp's lacks it)")
     parser.add_argument("--bin", type=Path, required=True, help="the build's bin/ (llama-bench, llama-quantize)")
     parser.add_argument("--work", type=Path, required=True, help="where the models are written (~12 GB)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--types", nargs="+", default=list(TYPES), help="the expert types besides Q8_0")
+    parser.add_argument("--ik", action="store_true", help="the build is ik_llama.cpp's (its llama-quantize flags)")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.llama_cpp, args.bin, args.work, threads=args.threads), indent=1))
+    print(json.dumps(measure(args.llama_cpp, args.bin, args.work, tuple(args.types), args.threads, args.ik),
+                     indent=1))
 
 
 if __name__ == "__main__":

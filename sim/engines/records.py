@@ -58,31 +58,44 @@ _ATTENTION_4080 = ("LLaMA-3.1-8B IQ3_KS on ikawrakow's RTX-4080 (ik_llama.cpp PR
                    "3.563 us a position of context from N_KV 512 to 7,680 (least squares over 15 rows), for 512 x 32 "
                    "layers x 16,384 FLOPs")
 
-def ggml_kernel_record_id(isa: str, type_name: str) -> str:
-    """The record of ggml's CPU kernel for one GGML type on one instruction set (sim/engines/llamacpp/kernels.py)."""
-    return f"llamacpp-ggml-{isa}-{type_name.lower()}"
+def ggml_kernel_record_id(build: str, isa: str, type_name: str) -> str:
+    """The record of a build's CPU kernel for one GGML type on one instruction set (sim/engines/llamacpp/kernels.py);
+    build: "ggml" (mainline llama.cpp's ggml) or "ik" (ik_llama.cpp's)."""
+    return f"llamacpp-{build}-{isa}-{type_name.lower()}"
 
 
 # ggml's CPU kernels per core and type, measured by this project on no validation case: `python -m
 # sim.calibrate.ggml_kernels` (one thread, the difference of a 16- and an 8-layer synthetic model, the fastest of 15
 # runs of each) with llama.cpp@0c1e57098 (the tree llama-cpp-python 0.3.36 vendors), built once for the core's own
-# instructions (AVX-512) and once for AVX2 only, on the development VM. Every run on another CPU is told so: the
-# rate of another core, AVX2 from another microarchitecture than Zen 4's above all, differs.
+# instructions (AVX-512) and once for AVX2 only, on the development VM; and ik_llama.cpp's own kernels the same way
+# (--ik) with ik_llama.cpp@8337e4cd3 built for the core. Every run on another CPU is told so: the rate of another
+# core, AVX2 from another microarchitecture than Zen 4's above all, differs.
 GGML_KERNEL_BOX = "expertsim's development VM (AMD EPYC, Zen 4, 2 vCPUs, KVM)"
-GGML_KERNEL_COMMAND = ("python -m sim.calibrate.ggml_kernels --llama-cpp SRC --bin BUILD/bin --work DIR, "
-                       "llama.cpp@0c1e57098")
+GGML_KERNEL_COMMANDS = {
+    "ggml": "python -m sim.calibrate.ggml_kernels --llama-cpp SRC --bin BUILD/bin --work DIR, llama.cpp@0c1e57098",
+    "ik": "python -m sim.calibrate.ggml_kernels --llama-cpp SRC --bin IK_BUILD/bin --work DIR --ik --types IQ3_XXS "
+          "IQ4_XS Q4_K Q6_K Q5_0 MXFP4, ik_llama.cpp@8337e4cd3 (-DGGML_IQK_FA_ALL_QUANTS=OFF)"}
 GGML_KERNEL_BUILDS = {"avx512": "cmake -DGGML_NATIVE=ON: AVX-512F/BW/VNNI/BF16",
                       "avx2": "cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
                               "-DGGML_AVX512=OFF"}
+BUILD_NAMES = {"ggml": "ggml", "ik": "ik_llama.cpp"}
 ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
 # GB/s of one core, as the command printed them (gbps_per_core, 3 figures kept); its times per token are in
-# scenarios/hardware/calibration/ggml-kernels-zen4.json. Zen 4 runs AVX-512 on 256-bit units, so its two builds are
+# scenarios/hardware/calibration/ggml-kernels-zen4.json (mainline) and ik-kernels-zen4.json (ik_llama.cpp). Zen 4 runs AVX-512 on 256-bit units, so its two builds are
 # alike (their differences, up to ~20 % either way on Q4_K, are the shared machine's noise as much as the code's).
 GGML_KERNEL_GBPS = {
-    ("avx512", "Q8_0"): 19.5, ("avx512", "Q4_K"): 15.7, ("avx512", "Q6_K"): 21.2, ("avx512", "MXFP4"): 15.4,
-    ("avx512", "IQ4_XS"): 10.8, ("avx512", "IQ3_S"): 3.92, ("avx512", "Q5_0"): 12.4,
-    ("avx2", "Q8_0"): 19.0, ("avx2", "Q4_K"): 19.7, ("avx2", "Q6_K"): 18.5, ("avx2", "MXFP4"): 16.1,
-    ("avx2", "IQ4_XS"): 11.3, ("avx2", "IQ3_S"): 3.48, ("avx2", "Q5_0"): 10.5,
+    ("ggml", "avx512", "Q8_0"): 19.5, ("ggml", "avx512", "Q4_K"): 15.7, ("ggml", "avx512", "Q6_K"): 21.2,
+    ("ggml", "avx512", "MXFP4"): 15.4, ("ggml", "avx512", "IQ4_XS"): 10.8, ("ggml", "avx512", "IQ3_S"): 3.92,
+    ("ggml", "avx512", "Q5_0"): 12.4,
+    ("ggml", "avx2", "Q8_0"): 19.0, ("ggml", "avx2", "Q4_K"): 19.7, ("ggml", "avx2", "Q6_K"): 18.5,
+    ("ggml", "avx2", "MXFP4"): 16.1, ("ggml", "avx2", "IQ4_XS"): 11.3, ("ggml", "avx2", "IQ3_S"): 3.48,
+    ("ggml", "avx2", "Q5_0"): 10.5,
+    # ik_llama.cpp's, in two runs of the command (the first stopped after IQ4_XS at a flag ik's llama-quantize did
+    # not take; its times are in ik-kernels-zen4.json): each type's rate against its own run's Q8_0 pair, Q8_0's
+    # from the run whose models were both the faster (the command's fastest-of rule across the runs)
+    ("ik", "avx512", "Q8_0"): 27.6, ("ik", "avx512", "Q4_K"): 15.5, ("ik", "avx512", "Q6_K"): 18.8,
+    ("ik", "avx512", "MXFP4"): 5.41, ("ik", "avx512", "IQ4_XS"): 11.3, ("ik", "avx512", "IQ3_XXS"): 4.77,
+    ("ik", "avx512", "Q5_0"): 14.6,
 }
 
 RECORDS: tuple[Record, ...] = (
@@ -230,10 +243,11 @@ RECORDS: tuple[Record, ...] = (
            "(4.697 - 2.717) s / (28,886 - 14,688) tokens = 0.13945 ms per token / 48 layers (Strata bench "
            "results 2026-10-01-community-rtx-5090-5950x, indexed copy 71558669205, IQ3_S table, 0.1.34 auto:32768)"),
     # ggml's CPU kernels on one core (llama.cpp's mul_mat_id on the CPU, sim/engines/llamacpp/kernels.py), below
-    *(Record(ggml_kernel_record_id(isa, type_name), f"ggml CPU kernel per core ({type_name}, {ISA_NAMES[isa]})",
+    *(Record(ggml_kernel_record_id(build, isa, type_name),
+             f"{BUILD_NAMES[build]} CPU kernel per core ({type_name}, {ISA_NAMES[isa]})",
              gbps, "GB/s", "llama.cpp", "", GGML_KERNEL_BOX, None, None,
-             f"{GGML_KERNEL_COMMAND} ({GGML_KERNEL_BUILDS[isa]})")
-      for (isa, type_name), gbps in GGML_KERNEL_GBPS.items()),
+             f"{GGML_KERNEL_COMMANDS[build]} ({GGML_KERNEL_BUILDS[isa]})")
+      for (build, isa, type_name), gbps in GGML_KERNEL_GBPS.items()),
 )
 
 BY_ID = {r.id: r for r in RECORDS}

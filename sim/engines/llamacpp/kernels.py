@@ -2,18 +2,18 @@
 per GGML type and instruction set: llama.cpp's own kernels, not the profile's expert-kernel figure (that is Strata's
 pool, sim/hardware.py Host.expert_kernel_gbps).
 
-The figures are measured (records llamacpp-ggml-<isa>-<type>, sim/engines/records.py): llama-bench decode of synthetic
-Qwen3-30B-A3B-shaped models on one thread, the experts of every layer requantized to one type, the time of 8 layers
-taken as the difference of a 16-layer and an 8-layer model. A type with no measurement of its own takes the measured
-kernel of its family [E: the family's kernels share their inner loop]; the machine caps a layer's rate by the cores
-and the DRAM it shares (sim/machine Machine.cpu_expert_matmul). They are mainline's kernels on one Zen 4 core: the ik
-variant runs at them too (ik_llama.cpp's own kernels are faster on several types, its PRs say), and another CPU's
-cores at another rate, which every run's out_of_domain says (docs/calibration.md).
+The figures are measured (records llamacpp-<build>-<isa>-<type>, sim/engines/records.py): llama-bench decode of
+synthetic Qwen3-30B-A3B-shaped models on one thread, the experts of every layer requantized to one type, the time of 8
+layers taken as the difference of a 16-layer and an 8-layer model. Two builds: mainline llama.cpp's ggml ("ggml") and
+ik_llama.cpp's own kernels ("ik", the ik variant's). A type with no measurement of its own takes the measured kernel
+of its family [E: the family's kernels share their inner loop]; the machine caps a layer's rate by the cores and the
+DRAM it shares (sim/machine Machine.cpu_expert_matmul). They are one Zen 4 core's: another CPU's cores run at
+another rate, which every run's out_of_domain says (docs/calibration.md).
 """
 
 from __future__ import annotations
 
-from sim.engines.records import GGML_KERNEL_GBPS, ggml_kernel_record_id
+from sim.engines.records import BUILD_NAMES, GGML_KERNEL_GBPS, ggml_kernel_record_id
 
 # the measured kernel whose rate a type takes: itself, or its family's
 MEASURED_AS = {
@@ -26,24 +26,45 @@ MEASURED_AS = {
     "IQ3_S": "IQ3_S",
 }
 
-# ggml's CPU kernels by instruction set: the profile's host.simd picks one (those with a measurement; NEON has none)
-MEASURED_ISAS = frozenset(isa for isa, _ in GGML_KERNEL_GBPS)
+# the instruction sets with measured kernels (the profile's host.simd picks one; NEON has none)
+MEASURED_ISAS = frozenset(isa for _, isa, _ in GGML_KERNEL_GBPS)
 
 
-def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: list[str]) -> float | None:
+def measured_kernel(build: str, isa: str | None, type_name: str) -> tuple[str, str] | None:
+    """(build, type) of the measured kernel one slice runs at: the build's own measurement of the type, else of its
+    family's (MEASURED_AS); ik_llama.cpp's kernels where measured, else mainline ggml's [E: ik's kernels are at least
+    mainline's, its PRs say]; None where neither has one."""
+    family = MEASURED_AS.get(type_name)
+    for candidate in dict.fromkeys((build, "ggml")):
+        for measured in dict.fromkeys((type_name, family)):
+            if (candidate, isa, measured) in GGML_KERNEL_GBPS:
+                return candidate, measured
+    return None
+
+
+def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: list[str],
+                     build: str = "ggml") -> float | None:
     """One core's rate over one expert's slices (gate, up, down: bytes and types), bytes per second: the bytes over
-    the sum of each slice's time at its type's rate. None where a slice's type or the profile's instruction set has
-    no measurement: the machine's own expert-kernel figure then, said in a notice."""
+    the sum of each slice's time at its kernel's rate (build: "ggml" for mainline, "ik" for ik_llama.cpp). None
+    where a slice's type or the profile's instruction set has no measurement: the machine's own expert-kernel figure
+    then, said in a notice."""
     seconds = 0.0
     for n_bytes, type_name in zip(part_bytes, part_types):
-        measured = MEASURED_AS.get(str(type_name))
-        if measured is None or isa not in MEASURED_ISAS:
-            why = (f"no measured ggml CPU kernel for {type_name}" if measured is None
-                   else f"no measured ggml CPU kernels for host.simd {isa or '(not set)'}")
+        kernel = measured_kernel(build, isa, str(type_name))
+        if kernel is None:
+            why = (f"no measured ggml CPU kernels for host.simd {isa or '(not set)'}" if isa not in MEASURED_ISAS
+                   else f"no measured ggml CPU kernel for {type_name}")
             note = f"{why}: the CPU expert matmul runs at the profile's host.expert_kernel_gbps per core"
             if note not in notices:
                 notices.append(note)
             return None
-        r = domain.use(ggml_kernel_record_id(isa, measured), f"ggml's {measured} kernel on one {isa} core")
+        kernel_build, measured = kernel
+        if kernel_build != build:
+            note = (f"no measured {BUILD_NAMES[build]} CPU kernel for {type_name} on {isa}: mainline ggml's "
+                    f"{measured} kernel stands in")
+            if note not in notices:
+                notices.append(note)
+        r = domain.use(ggml_kernel_record_id(kernel_build, isa, measured),
+                       f"{BUILD_NAMES[kernel_build]}'s {measured} kernel on one {isa} core")
         seconds += n_bytes / (r.value * 1e9)
     return float(sum(part_bytes)) / seconds

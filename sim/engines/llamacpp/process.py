@@ -79,9 +79,10 @@ class LlamaCppProcess:
         types = part_types(layout)[: self.n_layers]
         simd = scenario.hardware_profile.host.simd
         isa = None if simd is None else simd.value
+        build = "ik" if knobs.variant.ik else "ggml"  # whose CPU kernels (kernels.py)
 
         def core_rate(layer: int, mask) -> float | None:
-            return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices)
+            return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices, build)
 
         everything = np.ones(3, bool)
         self.cpu_core_rate = [core_rate(i, on_cpu[i]) if self.cpu_layer[i] else None for i in range(self.n_layers)]
