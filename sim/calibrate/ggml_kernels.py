@@ -1,5 +1,6 @@
 """ggml's CPU kernels per core and GGML type, measured with a llama.cpp build's own llama-bench and llama-quantize:
-the figures llama.cpp's CPU expert matmuls run at (sim/engines/llamacpp/kernels.py, records llamacpp-ggml-*).
+the figures llama.cpp's CPU expert matmuls run at (sim/engines/llamacpp/kernels.py, records llamacpp-ggml-*; with
+--ik, an ik_llama.cpp build's: records llamacpp-ik-*).
 
     python -m sim.calibrate.ggml_kernels --llama-cpp ~/llama.cpp --bin ~/llama.cpp/build/bin --work /tmp/ggml-kernels
     python -m sim.calibrate.ggml_kernels --llama-cpp ~/llama.cpp --bin ~/ik_llama.cpp/build/bin --work /tmp/ik --ik \
