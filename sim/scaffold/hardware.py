@@ -72,6 +72,11 @@ def _is_sourced_choice(kind: type) -> bool:
     return issubclass(kind, BaseModel) and set(kind.model_fields) == {"value", "source"}
 
 
+def _what_if_source(path: tuple[str, ...], value_text: str, was: str) -> str:
+    """The source a --set field's copy carries: the user's what-if, and what the base profile had."""
+    return f"[E] what-if set by the user (expertsim hardware init --set {dotted(path)}={value_text.strip()}); {was}"
+
+
 def _field_path(text: str, fields: dict, spec: str) -> tuple[str, ...]:
     """FIELD of --set FIELD=VALUE: a dotted path, or a name only one table of the profile has."""
     try:
@@ -163,8 +168,7 @@ def write_hardware(base: str, output: str | Path, settings: Sequence[str] = (), 
                 raise InputError("hardware init", dotted(path), value_text.strip(), f"must be a number in {unit}")
             old = _get(data, path)
             was = f"{profile.name} has {old['value']:g} {unit}" if isinstance(old, dict) else f"not in {profile.name}"
-            value = {"value": value, "unit": unit, "source": f"[E] what-if set by the user (expertsim hardware init "
-                                                             f"--set {dotted(path)}={value_text.strip()}); {was}"}
+            value = {"value": value, "unit": unit, "source": _what_if_source(path, value_text, was)}
             shown[dotted(path)] = f"{toml_value(value['value'])} {unit}"
         elif isinstance(kind, type) and _is_sourced_choice(kind):
             allowed = typing.get_args(kind.model_fields["value"].annotation)
@@ -173,8 +177,7 @@ def write_hardware(base: str, output: str | Path, settings: Sequence[str] = (), 
                                  f"must be one of {', '.join(allowed)}")
             old = _get(data, path)
             was = f"{profile.name} has {old['value']}" if isinstance(old, dict) else f"not in {profile.name}"
-            value = {"value": value_text.strip(), "source": f"[E] what-if set by the user (expertsim hardware init "
-                                                            f"--set {dotted(path)}={value_text.strip()}); {was}"}
+            value = {"value": value_text.strip(), "source": _what_if_source(path, value_text, was)}
             shown[dotted(path)] = value["value"]
         else:
             shown[dotted(path)] = value

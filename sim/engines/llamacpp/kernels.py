@@ -54,17 +54,19 @@ def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: l
         if kernel is None:
             why = (f"no measured ggml CPU kernels for host.simd {isa or '(not set)'}" if isa not in MEASURED_ISAS
                    else f"no measured ggml CPU kernel for {type_name}")
-            note = f"{why}: the CPU expert matmul runs at the profile's host.expert_kernel_gbps per core"
-            if note not in notices:
-                notices.append(note)
+            _notice(notices, f"{why}: the CPU expert matmul runs at the profile's host.expert_kernel_gbps per core")
             return None
         kernel_build, measured = kernel
         if kernel_build != build:
-            note = (f"no measured {BUILD_NAMES[build]} CPU kernel for {type_name} on {isa}: mainline ggml's "
-                    f"{measured} kernel stands in")
-            if note not in notices:
-                notices.append(note)
+            _notice(notices, f"no measured {BUILD_NAMES[build]} CPU kernel for {type_name} on {isa}: mainline "
+                             f"ggml's {measured} kernel stands in")
         r = domain.use(ggml_kernel_record_id(kernel_build, isa, measured),
                        f"{BUILD_NAMES[kernel_build]}'s {measured} kernel on one {isa} core")
         seconds += n_bytes / (r.value * 1e9)
     return float(sum(part_bytes)) / seconds
+
+
+def _notice(notices: list[str], note: str) -> None:
+    """A run's notice, once however many layers and slices meet it."""
+    if note not in notices:
+        notices.append(note)
