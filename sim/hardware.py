@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from sim.errors import InputError
+from sim.model.quant import QUANT_TYPES
 from sim.schema import Quantity, Strict, display_path, is_file, parse_toml, quantity, read_bytes, safe_path, \
     sha256_file, validate
 from sim.units import GIB, MIB
@@ -94,6 +95,10 @@ class Host(Strict):
     # AVX2, AVX-512 or NEON: the kernels of ggml's CPU backend a llama.cpp build runs here. Absent: llama.cpp's CPU
     # experts run at expert_kernel_gbps, said in a notice.
     simd: Simd | None = None
+    # One core's rate in mainline ggml's CPU kernels per GGML type, where measured on this host (python -m
+    # sim.calibrate.ggml_kernels): llama.cpp's CPU experts of these types, and of their families, run at them
+    # instead of the records measured on a Zen 4 core (sim/engines/llamacpp/kernels.py). Absent: the records.
+    ggml_kernel_gbps: dict[Literal[tuple(QUANT_TYPES)], GBps] | None = None
     ram_gib: GiBs  # host RAM; on unified memory the whole pool the GPU shares
     # RAM the OS, its desktop and other processes hold while the engine runs: neither the engine nor the
     # page cache can have it.

@@ -108,3 +108,33 @@ def test_a_cpu_without_a_measurement_runs_at_the_profiles_figure_and_says_so():
     assert rate is None  # the machine's own figure (sim/machine Machine.cpu_expert_matmul)
     assert notices == ["no measured ggml CPU kernels for host.simd neon: the CPU expert matmul runs at the profile's "
                        "host.expert_kernel_gbps per core"]
+
+
+def _rates(**gbps):
+    """The machine's own_ggml_kernel for a profile whose host.ggml_kernel_gbps holds these figures (GB/s)."""
+    return {t: v * 1e9 for t, v in gbps.items()}.get
+
+
+def test_a_host_measured_on_itself_runs_its_own_rates_then_its_familys_then_the_records():
+    """host.ggml_kernel_gbps: a slice of a type the host measured runs at that rate, one of its family (Q6_0 is
+    Q8_0's) at the family's, any other at the record; the expert's rate is its bytes over the sum of the times."""
+    domain, notices = Domain("llama.cpp", "m", "h", None), []
+    own = _rates(Q8_0=2.0)
+    rate = kernels.expert_core_rate(np.array([1e6, 1e6, 2e6]), np.array(["Q8_0", "Q6_0", "Q4_K"]), "avx512", domain,
+                                    notices, "ggml", own)
+    q4k = BY_ID[ggml_kernel_record_id("ggml", "avx512", "Q4_K")].value
+    assert rate == pytest.approx(4e6 / (1e6 / 2e9 + 1e6 / 2e9 + 2e6 / (q4k * 1e9)))
+    # no instruction set measured: the host's own rates still hold where it has them, without a notice
+    assert kernels.expert_core_rate(np.array([1e6] * 3), np.array(["Q8_0"] * 3), None, domain, notices, "ggml",
+                                    own) == pytest.approx(2e9) and notices == []
+
+
+def test_ik_keeps_its_own_measured_kernels_and_takes_the_hosts_for_the_rest():
+    domain, notices = Domain("llama.cpp", "m", "h", None), []
+    own = _rates(Q8_0=2.0, IQ3_S=1.0)
+    ik_q8 = GGML_KERNEL_GBPS["ik", "avx512", "Q8_0"] * 1e9
+    assert kernels.expert_core_rate(np.array([1e6] * 3), np.array(["Q8_0"] * 3), "avx512", domain, notices, "ik",
+                                    own) == pytest.approx(ik_q8)
+    # IQ3_S: no ik row on AVX-512, so the host's own (mainline) rate, not mainline's record
+    assert kernels.expert_core_rate(np.array([1e6] * 3), np.array(["IQ3_S"] * 3), "avx512", domain, notices, "ik",
+                                    own) == pytest.approx(1e9)

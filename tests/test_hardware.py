@@ -188,6 +188,10 @@ def _error(tmp_path, text, name="bad.toml") -> str:
     ("[d2d]", '[d2d]\nfoo_gbps = { value = 1, unit = "GB/s", source = "[E] a guess" }', "d2d.foo_gbps",
      "unknown key; known: copy_gbps"),
     ("{ queue_depth = 4,", "{ queue_depth = 1,", "ssd.read_gbps_by_queue_depth", "strictly increase"),
+    ("[pcie]", '[host.ggml_kernel_gbps]\nQ9_K = { value = 5, unit = "GB/s", source = "[H] here" }\n\n[pcie]',
+     "host.ggml_kernel_gbps.Q9_K.[key] = Q9_K", "must be 'F32', 'F16'"),
+    ("[pcie]", '[host.ggml_kernel_gbps]\nQ4_K = { value = 5, unit = "GB/s" }\n\n[pcie]',
+     "host.ggml_kernel_gbps.Q4_K.source", "required"),
 ])
 def test_bad_profile_is_one_line_naming_file_and_key(tmp_path, old, new, key, why):
     assert old in BASE

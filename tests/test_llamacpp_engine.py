@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.engines.records import BY_ID
 from sim.scenario import load_scenario
 from sim.simulate import run_scenario
 from sim.trace.format import MISSING
@@ -238,10 +239,59 @@ def test_ik_llama_cpp_runs_its_own_measured_kernels_and_mainlines_where_it_has_n
     no ik row at all (mainline's IQ3_S family kernel then takes IQ3_XXS too)."""
     def flagged(result):
         return {note.split("(record ")[1].split(")")[0] for note in result.summary["out_of_domain"]
-                if "(record llamacpp-" in note}
+                if "(record llamacpp-" in note and "kernel" in note}
 
     avx512 = _run(1, 4, hardware="rtx-pro-6000-maxq-9175f", variant="ik")
     assert flagged(avx512) == {"llamacpp-ik-avx512-iq3_xxs", "llamacpp-ggml-avx512-iq3_s", "llamacpp-ik-avx512-iq4_xs"}
     assert any("no measured ik_llama.cpp CPU kernel for IQ3_S on avx512" in n for n in avx512.summary["notices"])
     avx2 = _run(1, 4, variant="ik")
     assert flagged(avx2) == {"llamacpp-ggml-avx2-iq3_s", "llamacpp-ggml-avx2-iq4_xs"}
+
+
+def test_decode_without_cuda_graphs_pays_each_nodes_launch():
+    """graph.py: with GGML_CUDA_DISABLE_GRAPHS set (any value, common.cuh:1289) every decode graph node on the GPU
+    costs the measured launch-bound time instead of the graphs' floor. Decode is serial (each CPU MoE layer drains
+    the stream), so a token takes longer by exactly the GPU's nodes times the difference of the two records: 37 nodes
+    in each of the 40 CPU MoE layers (their experts' 4 run on the CPU), 41 in every other layer, per the scheduler's
+    dump."""
+    data = tomllib.loads(SEED.read_text())
+    data["engine"]["flags"] = {"ctx-size": 8192, "n-cpu-moe": 40}
+    data["workload"] = {"requests": [{"prompt_tokens": 1, "decode_tokens": 4}]}
+    graphs = run_scenario(load_scenario(SEED, data))
+    data["engine"]["env"] = {"GGML_CUDA_DISABLE_GRAPHS": "0"}  # set at all: off, whatever its value
+    launched = run_scenario(load_scenario(SEED, data))
+
+    def per_token(result):
+        t = result.timings.iloc[-1]
+        return (t.end_s - t.prefill_end_s) / t.decode_tokens
+
+    n_layers = graphs.scenario.layout.n_routed_layers
+    nodes = 40 * 37 + (n_layers - 40) * 41
+    delta_us = BY_ID["llamacpp-gpu-node-launch"].value - BY_ID["llamacpp-gpu-node-graphs"].value
+    assert per_token(launched) - per_token(graphs) == pytest.approx(nodes * delta_us * 1e-6, rel=1e-9)
+    assert any("llamacpp-gpu-node-launch" in note for note in launched.summary["out_of_domain"])
+
+
+def test_a_host_with_its_own_kernel_rates_computes_its_cpu_experts_at_them(tmp_path):
+    """host.ggml_kernel_gbps: with every family's rate of this host's own given, no kernel record is read, and a
+    decode token's CPU expert matmuls take their bytes over the cores x that rate: halving the rate from 1 to 0.5
+    GB/s a core adds the token's host-resident expert bytes / (8 cores x 1 GB/s) (rtx-4090.toml: 8 physical cores,
+    62 GB/s of DRAM, which 8 GB/s of kernels never reach)."""
+    base = (Path(__file__).resolve().parent.parent / "scenarios/hardware/rtx-4090.toml").read_text()
+
+    def run_at(gbps):
+        table = "\n".join(f'{t} = {{ value = {gbps}, unit = "GB/s", source = "[H] this host" }}'
+                          for t in ("Q8_0", "Q5_0", "Q4_K", "Q6_K", "MXFP4", "IQ4_XS", "IQ3_S"))
+        profile = tmp_path / f"own-{gbps}.toml"
+        profile.write_text(base.replace("[pcie]", f"[host.ggml_kernel_gbps]\n{table}\n\n[pcie]", 1))
+        return _run(1, 4, hardware=str(profile))
+
+    fast, slow = run_at(1.0), run_at(0.5)
+    assert not any("(record llamacpp-ggml" in note for note in fast.summary["out_of_domain"])
+
+    def per_token(result):
+        t = result.timings.iloc[-1]
+        return (t.end_s - t.prefill_end_s) / t.decode_tokens
+
+    per_token_bytes = _expert_bytes(fast)[:40].sum() * fast.scenario.layout.top_k
+    assert per_token(slow) - per_token(fast) == pytest.approx(per_token_bytes / 8e9, rel=1e-6)

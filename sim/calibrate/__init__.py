@@ -12,7 +12,10 @@
   predicted vs measured time per step;
 - `fileformat`: the calibration file (JSON, schema version, provenance, raw samples, fitted parameters);
 - `ggml_kernels`: not the GPU's: ggml's CPU kernels per core and GGML type, timed with a llama.cpp build's own
-  llama-bench (the llama.cpp engine's CPU expert matmuls, records llamacpp-ggml-*).
+  llama-bench (the llama.cpp engine's CPU expert matmuls, records llamacpp-ggml-*);
+- `llamacpp_layers`: a llama.cpp decode layer's fixed costs on a CUDA box (its GPU graph nodes' floor with and
+  without CUDA graphs, a CPU MoE layer's split), timed with a CUDA build's llama-bench (records llamacpp-gpu-node-*,
+  llamacpp-cpu-moe-split).
 
 numba-cuda is imported in one place only (`cudaenv`), lazily, so the rest of expertsim never needs it; with
 NUMBA_ENABLE_CUDASIM=1 the kernels run in Numba's CUDA simulator (no GPU, no CUDA toolkit needed).

@@ -24,6 +24,7 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,18 @@ LAYER_PAIR = (8, 16)
 TYPES = ("Q4_K", "Q6_K", "MXFP4", "IQ4_XS", "IQ3_S", "Q5_0")  # besides Q8_0: the families of the stored presets
 ROUNDS = 3  # each pair of models timed in turn this many times
 Q8_0_BLOCK = 34  # bytes: an f16 scale and 32 int8 weights (ggml-common.h block_q8_0)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A synthetic qwen3moe model's dimensions (heads of HEAD_DIM)."""
+
+    hidden: int = HIDDEN
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    experts: int = EXPERTS
+    top_k: int = TOP_K
+    expert_width: int = EXPERT_WIDTH
 
 
 def attention_weights() -> int:
@@ -68,25 +81,26 @@ def rates(seconds: dict[str, tuple[float, float]]) -> dict[str, float]:
     return out
 
 
-def write_model(path: Path, n_layers: int, vocab: Path) -> None:
-    """A qwen3moe GGUF of the module's shape, every matrix Q8_0 (random int8 blocks under a 0.02 scale), the norms
-    ones, the router random F32; the tokenizer's keys copied from `vocab`."""
+def write_model(path: Path, n_layers: int, vocab: Path, shape: Shape = Shape()) -> None:
+    """A qwen3moe GGUF of `shape` (by default the module's), every matrix Q8_0 (random int8 blocks under a 0.02 scale),
+    the norms ones, the router random F32; the tokenizer's keys copied from `vocab`."""
     import gguf
 
+    hidden, q_width, kv_width = shape.hidden, shape.heads * HEAD_DIM, shape.kv_heads * HEAD_DIM
     writer = gguf.GGUFWriter(str(path), "qwen3moe")
     writer.add_context_length(32768)
-    writer.add_embedding_length(HIDDEN)
+    writer.add_embedding_length(hidden)
     writer.add_block_count(n_layers)
     writer.add_feed_forward_length(6144)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
     writer.add_key_length(HEAD_DIM)
     writer.add_value_length(HEAD_DIM)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(1e6)
-    writer.add_expert_count(EXPERTS)
-    writer.add_expert_used_count(TOP_K)
-    writer.add_expert_feed_forward_length(EXPERT_WIDTH)
+    writer.add_expert_count(shape.experts)
+    writer.add_expert_used_count(shape.top_k)
+    writer.add_expert_feed_forward_length(shape.expert_width)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     n_vocab = 0
     for field in gguf.GGUFReader(str(vocab)).fields.values():
@@ -102,29 +116,32 @@ def write_model(path: Path, n_layers: int, vocab: Path) -> None:
     pool[:, 2:] = rng.integers(-64, 64, (4096, 32), dtype=np.int8).view(np.uint8)
     q8 = gguf.GGMLQuantizationType.Q8_0
 
-    def matrix(*shape):  # numpy order: (..., rows, columns)
-        *lead, columns = shape
+    def matrix(*dims):  # numpy order: (..., rows, columns)
+        *lead, columns = dims
         blocks = int(np.prod(lead)) * (columns // 32)
         return np.resize(pool, (blocks, Q8_0_BLOCK)).reshape(*lead, columns // 32 * Q8_0_BLOCK)
 
-    ones = np.ones(HIDDEN, np.float32)
-    writer.add_tensor("token_embd.weight", matrix(n_vocab, HIDDEN), raw_dtype=q8)
+    ones = np.ones(hidden, np.float32)
+    writer.add_tensor("token_embd.weight", matrix(n_vocab, hidden), raw_dtype=q8)
     writer.add_tensor("output_norm.weight", ones)
-    writer.add_tensor("output.weight", matrix(n_vocab, HIDDEN), raw_dtype=q8)
+    writer.add_tensor("output.weight", matrix(n_vocab, hidden), raw_dtype=q8)
     for i in range(n_layers):
         block = f"blk.{i}."
         writer.add_tensor(block + "attn_norm.weight", ones)
-        writer.add_tensor(block + "attn_q.weight", matrix(HEADS * HEAD_DIM, HIDDEN), raw_dtype=q8)
-        writer.add_tensor(block + "attn_k.weight", matrix(KV_HEADS * HEAD_DIM, HIDDEN), raw_dtype=q8)
-        writer.add_tensor(block + "attn_v.weight", matrix(KV_HEADS * HEAD_DIM, HIDDEN), raw_dtype=q8)
-        writer.add_tensor(block + "attn_output.weight", matrix(HIDDEN, HEADS * HEAD_DIM), raw_dtype=q8)
+        writer.add_tensor(block + "attn_q.weight", matrix(q_width, hidden), raw_dtype=q8)
+        writer.add_tensor(block + "attn_k.weight", matrix(kv_width, hidden), raw_dtype=q8)
+        writer.add_tensor(block + "attn_v.weight", matrix(kv_width, hidden), raw_dtype=q8)
+        writer.add_tensor(block + "attn_output.weight", matrix(hidden, q_width), raw_dtype=q8)
         writer.add_tensor(block + "attn_q_norm.weight", np.ones(HEAD_DIM, np.float32))
         writer.add_tensor(block + "attn_k_norm.weight", np.ones(HEAD_DIM, np.float32))
         writer.add_tensor(block + "ffn_norm.weight", ones)
-        writer.add_tensor(block + "ffn_gate_inp.weight", rng.standard_normal((EXPERTS, HIDDEN)).astype(np.float32))
+        writer.add_tensor(block + "ffn_gate_inp.weight",
+                          rng.standard_normal((shape.experts, hidden)).astype(np.float32))
         for part in ("gate", "up"):
-            writer.add_tensor(block + f"ffn_{part}_exps.weight", matrix(EXPERTS, EXPERT_WIDTH, HIDDEN), raw_dtype=q8)
-        writer.add_tensor(block + "ffn_down_exps.weight", matrix(EXPERTS, HIDDEN, EXPERT_WIDTH), raw_dtype=q8)
+            writer.add_tensor(block + f"ffn_{part}_exps.weight", matrix(shape.experts, shape.expert_width, hidden),
+                              raw_dtype=q8)
+        writer.add_tensor(block + "ffn_down_exps.weight", matrix(shape.experts, hidden, shape.expert_width),
+                          raw_dtype=q8)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -79,6 +79,8 @@ GGML_KERNEL_BUILDS = {"avx512": "cmake -DGGML_NATIVE=ON: AVX-512F/BW/VNNI/BF16",
                       "avx2": "cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
                               "-DGGML_AVX512=OFF"}
 BUILD_NAMES = {"ggml": "ggml", "ik": "ik_llama.cpp"}
+# the box of the llama.cpp layer costs (records llamacpp-gpu-node-*, llamacpp-cpu-moe-split)
+LAYERS_BOX = "expertsim's nvidia-h100-x1 machine (H100 80GB HBM3, 16 vCPUs of an Intel Xeon, KVM)"
 ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
 # GB/s of one core, as the command printed them (gbps_per_core, 3 figures kept); its times per token are in
 # scenarios/hardware/calibration/ggml-kernels-zen4.json (mainline) and ik-kernels-zen4.json (ik_llama.cpp). Zen 4 runs AVX-512 on 256-bit units, so its two builds are
@@ -242,6 +244,27 @@ RECORDS: tuple[Record, ...] = (
            "rtx-5090-5950x (Windows)", None, None,
            "(4.697 - 2.717) s / (28,886 - 14,688) tokens = 0.13945 ms per token / 48 layers (Strata bench "
            "results 2026-10-01-community-rtx-5090-5950x, indexed copy 71558669205, IQ3_S table, 0.1.34 auto:32768)"),
+    # llama.cpp's fixed costs of a decode layer (sim/engines/llamacpp/graph.py), measured by this project on no
+    # validation case: `python -m sim.calibrate.llamacpp_layers` on the nvidia-h100-x1 machine, twice (raw times,
+    # node counts and both runs' figures: scenarios/hardware/calibration/llamacpp-layers-h100.json). The figures are
+    # the second, complete run's; the spreads span both runs.
+    Record("llamacpp-gpu-node-graphs", "GPU time per decode graph node (CUDA graphs)", 1.084, "us", "llama.cpp", "",
+           LAYERS_BOX, None, None,
+           "44.43 us a layer (the slope of decode time over 8, 24 and 48 layers of a qwen3moe model whose weights "
+           "take under a microsecond a layer to read) / 41 nodes a layer on the GPU (GGML_SCHED_DEBUG=2 dump)",
+           (1.084, 1.089), "the two runs of the command (44.43 and 44.64 us a layer)"),
+    Record("llamacpp-gpu-node-launch", "GPU time per decode graph node (no CUDA graphs: each kernel launched)", 2.272,
+           "us", "llama.cpp", "", LAYERS_BOX, None, None,
+           "93.13 us a layer with GGML_CUDA_DISABLE_GRAPHS=1 / 41 nodes a layer, as llamacpp-gpu-node-graphs",
+           (2.079, 2.272), "the two runs of the command (85.25 and 93.13 us a layer)"),
+    Record("llamacpp-cpu-moe-split", "a CPU MoE layer's split (the CPU backend's compute of its 4 nodes, the second "
+           "GPU graph)", 26.7, "us", "llama.cpp", "", LAYERS_BOX, None, None,
+           "a decode layer with its experts on the CPU, 98.4 / 114.4 / 196.5 us at -t 16 / 4 / 1, less its 37 GPU "
+           "nodes at 1.084 us, the simulator's two GPU<->CPU switches on this box (2 x (6.35 us copy latency + "
+           "3.85 us sync) + 4 KB pageable at 10.8 GB/s = 20.78 us: h200.toml's VM figures) and its 8 thin experts' "
+           "835,584 B at 7.49 GB/s a core (this box's Q8_0 kernel, ggml-kernels-xeon-h100vm.json): 30.6 / 25.6 / "
+           "24.0 us, mean 26.7 (--refit ... --switch-us 20.78 --core-gbps 7.49)",
+           (24.0, 45.8), "both runs at -t 1, 4 and 16 (the first run's -t 16: 45.8 us)"),
     # ggml's CPU kernels on one core (llama.cpp's mul_mat_id on the CPU, sim/engines/llamacpp/kernels.py), below
     *(Record(ggml_kernel_record_id(build, isa, type_name),
              f"{BUILD_NAMES[build]} CPU kernel per core ({type_name}, {ISA_NAMES[isa]})",

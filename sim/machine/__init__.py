@@ -133,6 +133,8 @@ class Machine:
         self.memory = Memory(profile, self.page_cache)
         self.memcpy_bytes_per_s = profile.host.memcpy_gbps.value * 1e9
         self.expert_kernel_bytes_per_s = profile.host.expert_kernel_gbps.value * 1e9  # one core's
+        # one core's rate in mainline ggml's CPU kernel per GGML type, where the profile measured this host
+        self._own_ggml_kernel = {t: q.value * 1e9 for t, q in (profile.host.ggml_kernel_gbps or {}).items()}
         # threads beyond the physical cores share a core's vector units (SMT): they add no expert-kernel throughput
         # [E: the kernels are compute-bound per core]; llama.cpp's default -t is the physical cores for this reason
         self.physical_cores = int(profile.host.physical_cores.value)
@@ -144,6 +146,11 @@ class Machine:
         self.kernel_launch_s = lat.kernel_launch_us.value * 1e-6
         self.stream_event_s = WDDM_STREAM_EVENT_S if profile.wddm else 0.0
         self._servers: list = [self.gpu, self.h2d, self.d2h, self.d2d, self.ssd, self.dram]
+
+    def own_ggml_kernel(self, type_name: str) -> float | None:
+        """One core of this host in ggml's CPU kernel for a GGML type (bytes/s) where the profile measured it
+        (host.ggml_kernel_gbps, python -m sim.calibrate.ggml_kernels); None elsewhere."""
+        return self._own_ggml_kernel.get(type_name)
 
     def threads(self, name: str, n: int = 1) -> Server:
         """A pool of n host threads of the engine (a FIFO server with n lanes)."""

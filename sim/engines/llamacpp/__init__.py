@@ -7,6 +7,8 @@ offload). ../shared/reference/llamacpp-engine.md (llama.cpp @ 34af94cd9, ik_llam
     vram.py      what the load puts on the GPU, and mainline's --fit        memory.py  the load's memory plan
     search.py    plan's knobs                                               process.py the SimPy process
     kernels.py   ggml's CPU kernels per core, by type and instruction set (measured: sim/calibrate/ggml_kernels.py)
+    graph.py     a decode layer's fixed costs: its GPU graph nodes' floor, a CPU MoE layer's split (measured:
+                 sim/calibrate/llamacpp_layers.py)
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ layers taken as the difference of a 16-layer and an 8-layer model. Two builds: m
 ik_llama.cpp's own kernels ("ik", the ik variant's). A type with no measurement of its own takes the measured kernel
 of its family [E: the family's kernels share their inner loop]; the machine caps a layer's rate by the cores and the
 DRAM it shares (sim/machine Machine.cpu_expert_matmul). They are one Zen 4 core's: another CPU's cores run at
-another rate, which every run's out_of_domain says (docs/calibration.md).
+another rate, which every run's out_of_domain says (docs/calibration.md), unless the profile holds its own host's
+figures (host.ggml_kernel_gbps, measured there with the same command).
 """
 
 from __future__ import annotations
@@ -42,15 +43,34 @@ def measured_kernel(build: str, isa: str | None, type_name: str) -> tuple[str, s
     return None
 
 
+def host_rate(own_kernel, type_name: str) -> float | None:
+    """One core of this host in mainline ggml's kernel for the type, or its family's, bytes/s, where the profile
+    measured it (own_kernel: the machine's own_ggml_kernel); None where it has neither."""
+    if own_kernel is None:
+        return None
+    for measured in dict.fromkeys((type_name, MEASURED_AS.get(type_name))):
+        rate = None if measured is None else own_kernel(measured)
+        if rate is not None:
+            return rate
+    return None
+
+
 def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: list[str],
-                     build: str = "ggml") -> float | None:
+                     build: str = "ggml", own_kernel=None) -> float | None:
     """One core's rate over one expert's slices (gate, up, down: bytes and types), bytes per second: the bytes over
-    the sum of each slice's time at its kernel's rate (build: "ggml" for mainline, "ik" for ik_llama.cpp). None
-    where a slice's type or the profile's instruction set has no measurement: the machine's own expert-kernel figure
-    then, said in a notice."""
+    the sum of each slice's time at its kernel's rate (build: "ggml" for mainline, "ik" for ik_llama.cpp). Mainline's
+    kernels run at the host's own measured rates where the profile has them (own_kernel: the machine's
+    own_ggml_kernel), and so does an ik slice that ik's own records lack; otherwise the records. None where a slice's
+    type or the profile's instruction set has no measurement: the machine's own expert-kernel figure then, said in a
+    notice."""
     seconds = 0.0
     for n_bytes, type_name in zip(part_bytes, part_types):
         kernel = measured_kernel(build, isa, str(type_name))
+        ik_own = kernel is not None and kernel[0] == build != "ggml"  # ik's own measured kernel
+        on_host = None if ik_own else host_rate(own_kernel, str(type_name))
+        if on_host is not None:
+            seconds += n_bytes / on_host
+            continue
         if kernel is None:
             why = (f"no measured ggml CPU kernels for host.simd {isa or '(not set)'}" if isa not in MEASURED_ISAS
                    else f"no measured ggml CPU kernel for {type_name}")

@@ -7,17 +7,18 @@ another, §3). Per MoE layer whose expert tensors live in host memory:
   decode, or a ubatch below the offload rule, or --no-op-offload
       the GPU runs attention and the router; the scheduler copies the hidden state and the ids to the host (a
       synchronous switch); the CPU's mul_mat_id reads each distinct selected expert once on -t (-tb) threads, out of
-      the file mapping (page faults from the drive for pages not in the page cache) or its buffer; the result
-      is copied back (the second switch)
+      the file mapping (page faults from the drive for pages not in the page cache) or its buffer, after the split's
+      own cost (graph.py); the result is copied back (the second switch)
   a ubatch the GPU takes (op offload)
       the host reads the ids back (synchronous), and copies the experts the ubatch uses (#15346; every expert before
       it, and in ik_llama.cpp with -no-ooae) over PCIe, consecutive ids merged into one copy, pageable from the
       mapping or a plain RAM buffer, or pinned; the GPU multiplies. The copy and the GEMM share the backend's
       stream: they serialise.
 
-GPU-resident layers run on the GPU only. A layer -ngl leaves on the CPU runs there whole: each token the CPU reads
-its other weights, its selected experts and its K/V; a ubatch the GPU takes copies its weights whole (and its
-experts used) with the K/V its attention reads. The output layer runs on its side of -ngl. Every layer of every
+GPU-resident layers run on the GPU only; in decode each of a layer's graph nodes there has a floor (graph.py). A
+layer -ngl leaves on the CPU runs there whole: each token the CPU reads its other weights, its selected experts and
+its K/V; a ubatch the GPU takes copies its weights whole (and its experts used) with the K/V its attention reads.
+The output layer runs on its side of -ngl. Every layer of every
 token or ubatch is a row of steps.parquet.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engines.base import Bounds, EngineState
+from sim.engines.llamacpp.graph import cpu_moe_split_s, decode_gpu_nodes, gpu_node_s
 from sim.engines.llamacpp.kernels import expert_core_rate
 from sim.engines.llamacpp.memory import HOST_WORDS, plan_memory
 from sim.engines.llamacpp.vram import FP32_BYTES, layer_weight_bytes, part_bytes, part_types
@@ -82,7 +84,8 @@ class LlamaCppProcess:
         build = "ik" if knobs.variant.ik else "ggml"  # whose CPU kernels (kernels.py)
 
         def core_rate(layer: int, mask) -> float | None:
-            return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices, build)
+            return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices, build,
+                                    machine.own_ggml_kernel)
 
         everything = np.ones(3, bool)
         self.cpu_core_rate = [core_rate(i, on_cpu[i]) if self.cpu_layer[i] else None for i in range(self.n_layers)]
@@ -92,9 +95,11 @@ class LlamaCppProcess:
         self.layer_weight_bytes = layer_weight_bytes(weights, self.n_layers)
         self.output_bytes = weights.output_bytes
         # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM,
-        # the output layer its projection once a token
-        # (Python floats: a numpy scalar reaching the servers' clocks makes every sum after it numpy arithmetic)
-        self.decode_gpu_s = machine.vram_read_s(self.layer_weight_bytes + self.top_k * gpu_bytes).tolist()
+        # and each of its graph nodes on the GPU has a floor (graph.py); the output layer reads its projection once a
+        # token (Python floats: a numpy scalar reaching the servers' clocks makes every sum after it numpy arithmetic)
+        self.decode_gpu_s = (machine.vram_read_s(self.layer_weight_bytes + self.top_k * gpu_bytes)
+                             + decode_gpu_nodes(self.cpu_layer) * gpu_node_s(knobs.cuda_graphs, domain)).tolist()
+        self.cpu_split_s = cpu_moe_split_s(domain) if any(self.cpu_layer) else 0.0
         self.output_gpu_s = machine.vram_read_s(weights.output_bytes)
         other = weights.gpu_bytes / self.n_layers  # the non-expert weights a prompt token passes, per layer
         # a prompt token: the profile's figure for the model class (experts resident), split by the bytes each part
@@ -159,6 +164,7 @@ class LlamaCppProcess:
         rows of work."""
         n = len(rows)
         yield from self._switch(n * self.hidden_bytes + rows.size * IDS_BYTES, True)
+        yield self.main.hold(self.cpu_split_s, 0, 1, "CPU split")
         selected = rows[rows != MISSING]
         used = distinct_experts(rows, self.n_experts)
         fault = yield from self._faults(layer, used)

@@ -18,6 +18,8 @@ makes of them on a model:
   op offload  mainline: ubatch >= GGML_OP_OFFLOAD_MIN_BATCH (32); ik: also ubatch x k >= 32 x E; --no-op-offload
   repacking   ik's -rtr/--run-time-repack: the tensors in host memory repacked into row-interleaved types that only
               the CPU's kernels read, so their matmuls stay on the CPU at any ubatch; mmap turned off (ik #147)
+  graphs      a decode token's GPU splits replayed as CUDA graphs, unless GGML_CUDA_DISABLE_GRAPHS is set at all
+              (ggml-cuda/common.cuh:1289, any value; graph.py)
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ ONLY_IN = {"load-mode": ("mainline", "mainline-pre-15346"), "no-ooae": ("ik",), 
            "fit": ("mainline",),
            "GGML_OP_OFFLOAD_MIN_BATCH": ("mainline", "mainline-pre-15346"), "GGML_CUDA_MIN_BATCH_OFFLOAD": ("ik",)}
 
-ENV_NAMES = ("GGML_OP_OFFLOAD_MIN_BATCH", "GGML_CUDA_MIN_BATCH_OFFLOAD", "GGML_CUDA_NO_PINNED")
+ENV_NAMES = ("GGML_OP_OFFLOAD_MIN_BATCH", "GGML_CUDA_MIN_BATCH_OFFLOAD", "GGML_CUDA_NO_PINNED",
+             "GGML_CUDA_DISABLE_GRAPHS")
 Env = env_table("LlamaCppEnv", "llama.cpp environment variable", ENV_NAMES)
 
 
@@ -230,6 +233,7 @@ class Knobs:
     op_offload: bool
     offload_min_batch: int
     copy_used_only: bool
+    cuda_graphs: bool
 
     @classmethod
     def of(cls, scenario, where: str) -> "Knobs":
@@ -263,7 +267,8 @@ class Knobs:
         return cls(variant, on_cpu, cpu_blocks, whole_cpu, output_on_gpu, host, mlock, ubatch, batch, ctx, threads,
                    flags.threads_batch or threads, not (flags.no_op_offload or flags.run_time_repack),
                    OP_OFFLOAD_MIN_BATCH_DEFAULT if min_batch is None else min_batch,
-                   variant.copy_used_only and not flags.no_ooae)
+                   variant.copy_used_only and not flags.no_ooae,
+                   getattr(env, "GGML_CUDA_DISABLE_GRAPHS", None) is None)
 
     @property
     def places_layers(self) -> bool:
