@@ -84,3 +84,28 @@ def test_the_engine_counts_the_nodes_the_dump_counted():
         assert graph.DECODE_NODES_PER_LAYER == gpu["CUDA0"]
         assert graph.CPU_MOE_NODES == cpu_moe["CPU"] == gpu["CUDA0"] - cpu_moe["CUDA0"]
     assert list(graph.decode_gpu_nodes([False, True])) == [41, 37]
+
+
+def test_without_the_box_figures_no_split_is_fitted():
+    """--switch-us and --core-gbps price the switches and the experts on the measured box: without them the split
+    is left out, not computed against made-up figures."""
+    saved = json.loads(MEASURED.read_text())["runs"][-1]["result"]
+    got = ll.figures(saved["seconds_per_token"], saved["nodes_per_layer"], None, None)
+    assert "cpu_moe_split_us" not in got and got["gpu_node_us_graphs"] == pytest.approx(
+        BY_ID["llamacpp-gpu-node-graphs"].value, abs=5e-4)
+
+
+def test_refit_of_the_calibration_file_gives_each_runs_figures(capsys):
+    ll.main(["--refit", str(MEASURED), "--switch-us", "20.78", "--core-gbps", "7.49"])
+    runs = json.loads(capsys.readouterr().out)
+    assert len(runs) == 2
+    assert runs[-1]["cpu_moe_split_us_mean"] == pytest.approx(BY_ID["llamacpp-cpu-moe-split"].value, abs=0.05)
+
+
+def test_refit_of_another_file_is_one_line(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text('{"gbps_per_core": {"Q8_0": 7.49}}')
+    with pytest.raises(SystemExit) as info:
+        ll.main(["--refit", str(other)])
+    assert info.value.code == 2
+    assert f"--refit {other}: seconds_per_token and nodes_per_layer absent" in capsys.readouterr().err

@@ -87,32 +87,34 @@ def per_layer_nodes(dumps: dict[int, dict[str, int]]) -> dict[str, float]:
     return {b: (dumps[large].get(b, 0) - dumps[small].get(b, 0)) / (large - small) for b in sorted(backends)}
 
 
-def figures(seconds: dict[str, list[float]], nodes: dict[str, dict[str, float]], switch_us: float,
-            core_gbps: float) -> dict:
+def figures(seconds: dict[str, list[float]], nodes: dict[str, dict[str, float]], switch_us: float | None,
+            core_gbps: float | None) -> dict:
     """The per-layer slopes (us) and the figures the engine model reads, from the timings (configuration -> seconds
     per token at LAYER_COUNTS) and the nodes a layer adds per backend ("gpu": every node on the GPU, "cpu_moe": the
     experts' on the CPU). A CPU MoE layer's split cost is what its time leaves once its GPU nodes (at the graphs'
     per-node time), the two GPU<->CPU switches as the simulator prices them on this box (`switch_us`) and its experts'
-    Q8_0 kernel time on `t` cores of `core_gbps` GB/s are taken off."""
+    Q8_0 kernel time on `t` cores of `core_gbps` GB/s are taken off; without those two, the split is not given."""
     us = {name: slope(LAYER_COUNTS, s)[0] * 1e6 for name, s in seconds.items()}
     gpu_nodes = next(n for backend, n in nodes["gpu"].items() if backend != "CPU")
     cpu_moe_nodes = nodes["cpu_moe"].get("CPU", 0.0)
     graph_node_us = us["gpu"] / gpu_nodes
     expert_bytes = THIN.top_k * tensor_bytes("Q8_0", 3 * THIN.hidden * THIN.expert_width)
+    out = {"us_per_layer": us, "gpu_nodes_per_layer": gpu_nodes, "cpu_moe_nodes_per_layer": cpu_moe_nodes,
+           "gpu_node_us_graphs": graph_node_us, "gpu_node_us_launch": us["gpu_no_graphs"] / gpu_nodes}
+    if switch_us is None or core_gbps is None:
+        return out
     split_us = {}
     for name in us:
         if name.startswith("cpu_moe_t"):
             threads = int(name.removeprefix("cpu_moe_t"))
             split_us[threads] = (us[name] - (gpu_nodes - cpu_moe_nodes) * graph_node_us - switch_us
                                  - expert_bytes / (threads * core_gbps * 1e3))
-    return {"us_per_layer": us, "gpu_nodes_per_layer": gpu_nodes, "cpu_moe_nodes_per_layer": cpu_moe_nodes,
-            "gpu_node_us_graphs": graph_node_us, "gpu_node_us_launch": us["gpu_no_graphs"] / gpu_nodes,
-            "cpu_moe_split_us": split_us, "cpu_moe_split_us_mean": float(np.mean(list(split_us.values()))),
+    return {**out, "cpu_moe_split_us": split_us, "cpu_moe_split_us_mean": float(np.mean(list(split_us.values()))),
             "switch_us": switch_us, "core_gbps": core_gbps}
 
 
-def measure(llama_cpp: Path, bin_dir: Path, work: Path, threads=CPU_THREADS, switch_us: float = 0.0,
-            core_gbps: float = 1.0) -> dict:
+def measure(llama_cpp: Path, bin_dir: Path, work: Path, threads=CPU_THREADS, switch_us: float | None = None,
+            core_gbps: float | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     vocab = llama_cpp / "models" / "ggml-vocab-qwen2.gguf"
     bench = bin_dir / "llama-bench"
@@ -140,6 +142,19 @@ def measure(llama_cpp: Path, bin_dir: Path, work: Path, threads=CPU_THREADS, swi
             **figures(seconds, nodes, switch_us, core_gbps)}
 
 
+def _saved_results(parser: argparse.ArgumentParser, path: Path) -> list[dict]:
+    """The results in a saved file: the command's output, or a calibration file of its runs ({"runs": [{"result":
+    ...}]}); anything else is refused in one line."""
+    try:
+        saved = json.loads(path.read_text())
+        results = [run["result"] for run in saved["runs"]] if "runs" in saved else [saved]
+        if all("seconds_per_token" in r and "nodes_per_layer" in r for r in results):
+            return results
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        parser.error(f"--refit {path}: {exc}")
+    parser.error(f"--refit {path}: seconds_per_token and nodes_per_layer absent: not a result of this command")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp source tree (its vocab model)")
@@ -147,16 +162,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, help="where the models are written (~1.7 GB)")
     parser.add_argument("--threads", type=int, nargs="+", default=list(CPU_THREADS),
                         help="-t values of the CPU MoE and CPU-only runs")
-    parser.add_argument("--switch-us", type=float, default=0.0,
-                        help="the simulator's two GPU<->CPU switches of a decode layer on this box (us)")
-    parser.add_argument("--core-gbps", type=float, default=1.0,
+    parser.add_argument("--switch-us", type=float,
+                        help="the simulator's two GPU<->CPU switches of a decode layer on this box (us); with "
+                             "--core-gbps, the CPU MoE layer's split is fitted")
+    parser.add_argument("--core-gbps", type=float,
                         help="this box's Q8_0 kernel rate on one core (GB/s; python -m sim.calibrate.ggml_kernels)")
     parser.add_argument("--refit", type=Path,
                         help="a saved result of this command: its figures again, from its times and node counts")
     args = parser.parse_args(argv)
     if args.refit:
-        saved = json.loads(args.refit.read_text())
-        out = figures(saved["seconds_per_token"], saved["nodes_per_layer"], args.switch_us, args.core_gbps)
+        out = [figures(r["seconds_per_token"], r["nodes_per_layer"], args.switch_us, args.core_gbps)
+               for r in _saved_results(parser, args.refit)]
+        out = out[0] if len(out) == 1 else out
     elif args.llama_cpp and args.bin and args.work:
         out = measure(args.llama_cpp, args.bin, args.work, tuple(args.threads), args.switch_us, args.core_gbps)
     else:
