@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -148,12 +149,18 @@ def write_model(path: Path, n_layers: int, vocab: Path, shape: Shape = Shape()) 
     writer.close()
 
 
-def decode_seconds(bench: Path, model: Path, threads: int) -> float:
-    """Seconds per decoded token: the fastest of llama-bench's 5 runs of 16 tokens (on a shared machine other load
-    only ever slows a run down)."""
-    out = subprocess.run([str(bench), "-m", str(model), "-p", "0", "-n", "16", "-r", "5", "-t", str(threads),
-                          "-ngl", "0", "-fa", "0", "-o", "json"], check=True, capture_output=True, text=True).stdout
+def fastest_token_s(args: list[str], env: dict | None = None) -> float:
+    """Seconds per decoded token of a llama-bench run (args: the command without -o): the fastest of its repetitions
+    (on a shared machine other load only ever slows a run down)."""
+    out = subprocess.run(args + ["-o", "json"], check=True, capture_output=True, text=True,
+                         env=None if env is None else {**os.environ, **env}).stdout
     return 1.0 / max(json.loads(out)[-1]["samples_ts"])  # json: both builds print it (ik's has no jsonl)
+
+
+def decode_seconds(bench: Path, model: Path, threads: int) -> float:
+    """Seconds per decoded token on the CPU alone: the fastest of llama-bench's 5 runs of 16 tokens."""
+    return fastest_token_s([str(bench), "-m", str(model), "-p", "0", "-n", "16", "-r", "5", "-t", str(threads),
+                            "-ngl", "0", "-fa", "0"])
 
 
 def expert_type_flags(type_name: str, ik: bool) -> list[str]:

@@ -1,6 +1,6 @@
 """llama.cpp's fixed costs of a decode layer on a GPU box, measured with a CUDA build's own llama-bench: what a layer
 costs when its weights are too small to matter (records llamacpp-gpu-node-graphs, llamacpp-gpu-node-launch and
-llamacpp-cpu-moe-node; sim/engines/llamacpp/graph.py).
+llamacpp-cpu-moe-split; sim/engines/llamacpp/graph.py).
 
     python -m sim.calibrate.llamacpp_layers --llama-cpp ~/llama.cpp --bin ~/llama.cpp/build/bin --work /tmp/layers
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibrate.ggml_kernels import Shape, write_model
+from sim.calibrate.ggml_kernels import Shape, fastest_token_s, write_model
 from sim.model.quant import tensor_bytes
 
 THIN = Shape(hidden=512, heads=4, kv_heads=1, experts=128, top_k=8, expert_width=64)
@@ -46,10 +46,8 @@ def _bench_args(bench: Path, model: Path, cpu_moe_layers: int, gpu_layers: int, 
 def decode_seconds(bench: Path, model: Path, cpu_moe_layers: int, threads: int, env: dict | None = None,
                    gpu_layers: int = 99) -> float:
     """Seconds per decoded token: the fastest of llama-bench's 5 runs of 64 tokens."""
-    out = subprocess.run(_bench_args(bench, model, cpu_moe_layers, gpu_layers, 64)
-                         + ["-r", "5", "-t", str(threads), "-o", "json"], check=True, capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}).stdout
-    return 1.0 / max(json.loads(out)[-1]["samples_ts"])
+    return fastest_token_s(_bench_args(bench, model, cpu_moe_layers, gpu_layers, 64) + ["-r", "5", "-t", str(threads)],
+                           env)
 
 
 def split_nodes(dump: str) -> dict[str, int]:
@@ -74,10 +72,10 @@ def scheduler_dump(bench: Path, model: Path, cpu_moe_layers: int, gpu_layers: in
     return run.stdout + run.stderr
 
 
-def slope(layers, seconds) -> tuple[float, float]:
-    """(seconds a layer, seconds of the rest): the least-squares line through the points."""
-    per_layer, rest = np.polyfit(np.asarray(layers, float), np.asarray(seconds, float), 1)
-    return float(per_layer), float(rest)
+def slope(layers, seconds) -> float:
+    """Seconds a layer: the slope of the least-squares line through the points (its intercept, the token's work
+    outside the layers, is not a figure of the model)."""
+    return float(np.polyfit(np.asarray(layers, float), np.asarray(seconds, float), 1)[0])
 
 
 def per_layer_nodes(dumps: dict[int, dict[str, int]]) -> dict[str, float]:
@@ -94,7 +92,7 @@ def figures(seconds: dict[str, list[float]], nodes: dict[str, dict[str, float]],
     experts' on the CPU). A CPU MoE layer's split cost is what its time leaves once its GPU nodes (at the graphs'
     per-node time), the two GPU<->CPU switches as the simulator prices them on this box (`switch_us`) and its experts'
     Q8_0 kernel time on `t` cores of `core_gbps` GB/s are taken off; without those two, the split is not given."""
-    us = {name: slope(LAYER_COUNTS, s)[0] * 1e6 for name, s in seconds.items()}
+    us = {name: slope(LAYER_COUNTS, s) * 1e6 for name, s in seconds.items()}
     gpu_nodes = next(n for backend, n in nodes["gpu"].items() if backend != "CPU")
     cpu_moe_nodes = nodes["cpu_moe"].get("CPU", 0.0)
     graph_node_us = us["gpu"] / gpu_nodes
