@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from sim.errors import InputError
-from sim.model.quant import QUANT_TYPES
+from sim.model.quant import GGML_TYPES
 from sim.schema import Quantity, Strict, display_path, is_file, parse_toml, quantity, read_bytes, safe_path, \
     sha256_file, validate
 from sim.units import GIB, MIB
@@ -98,7 +98,7 @@ class Host(Strict):
     # One core's rate in mainline ggml's CPU kernels per GGML type, where measured on this host (python -m
     # sim.calibrate.ggml_kernels): llama.cpp's CPU experts of these types, and of their families, run at them
     # instead of the records measured on a Zen 4 core (sim/engines/llamacpp/kernels.py). Absent: the records.
-    ggml_kernel_gbps: dict[Literal[tuple(QUANT_TYPES)], GBps] | None = None
+    ggml_kernel_gbps: dict[Literal[GGML_TYPES], GBps] | None = None
     ram_gib: GiBs  # host RAM; on unified memory the whole pool the GPU shares
     # RAM the OS, its desktop and other processes hold while the engine runs: neither the engine nor the
     # page cache can have it.
@@ -133,6 +133,12 @@ class Host(Strict):
             raise ValueError(f"must be at most host.hardware_threads ({threads.value:g}): a core runs a thread "
                              "at least")
         return cores
+
+    @property
+    def own_ggml_kernel_types(self) -> frozenset[str]:
+        """The GGML types whose kernel this host measured on itself (ggml_kernel_gbps' keys; the machine owns the
+        rates)."""
+        return frozenset(self.ggml_kernel_gbps or ())
 
 
 class Unified(Strict):

@@ -26,6 +26,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, PrivateAttr, field_validator
 
 from sim.engines import ENGINES, settings_union
+from sim.engines.base import refused_tensor
 from sim.errors import InputError, require_regular_file
 from sim.hardware import Compute, HardwareProfile, load_hardware_file, resolve_hardware, with_values
 from sim.model.layout import ModelLayout
@@ -245,6 +246,9 @@ def load_scenario(path: str | Path, data: dict | None = None, profile_values: di
         profile = with_values(profile, profile_values)
     layout = _resolve_model(scenario.model, base, where)
     engine = ENGINES[scenario.engine.name]
+    refused = refused_tensor(engine, layout, getattr(scenario.engine, "variant", None))
+    if refused is not None:  # the file itself, before anything the engine would do with it
+        raise InputError(where, "model", scenario.model, refused)
     # an untimed engine needs no compute figures for the model
     compute_key = _resolve_compute(scenario, profile, layout, where) if engine.timed else None
     scenario._path = file.resolve()

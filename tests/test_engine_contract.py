@@ -244,3 +244,26 @@ def test_a_refusal_is_one_line(name, data):
         load_scenario(path, scenario)
     except InputError as exc:
         assert "\n" not in str(exc) and str(path) in str(exc)
+
+
+def test_a_file_with_a_forks_own_types_is_refused_by_every_build_that_does_not_load_them(engine):
+    """glm-5.1-iq3_ks holds ik_llama.cpp's IQ3_KS and IQ4_KS experts (sim/model/quant.py): only the llama.cpp
+    family's ik build loads them, and an untimed replay reads sizes only; every other build refuses the file when the
+    scenario loads, in one line naming the first such tensor and its type id, before any other check."""
+    seed = seed_of(engine)
+    for variant in list(engine.variants) or [None]:
+        data = small(seed)
+        data["model"] = "glm-5.1-iq3_ks"
+        data["trace"] = {"generator": "glm-5.1-iq3_ks"}
+        if variant is not None:
+            data["engine"]["variant"] = variant
+        if (engine.name, variant) == ("llama.cpp", "ik") or not engine.timed:
+            try:  # the file loads (a timed run then wants the seed's box to hold GLM-5.1's compute figures)
+                load_scenario(seed, data)
+            except InputError as error:
+                assert "has no compute figures for model 'glm-5.1-iq3_ks'" in str(error), error
+            continue
+        with pytest.raises(InputError) as info:
+            load_scenario(seed, data)
+        message = str(info.value)
+        assert "\n" not in message and "blk.3.ffn_gate_exps.weight" in message and "156" in message, message

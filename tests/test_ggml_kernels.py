@@ -9,6 +9,7 @@ import pytest
 from sim.calibrate import ggml_kernels as gk
 from sim.engines.llamacpp import kernels
 from sim.engines.records import BY_ID, GGML_KERNEL_GBPS, Domain, ggml_kernel_record_id
+from sim.model.quant import QUANT_TYPES
 
 
 def test_rates_recover_the_kernels_times_were_made_of():
@@ -60,8 +61,15 @@ def test_the_synthetic_model_has_the_shapes_llama_cpp_loads(tmp_path):
 @pytest.mark.parametrize("type_name", sorted(kernels.MEASURED_AS))
 @pytest.mark.parametrize("build", ["ggml", "ik"])
 def test_every_type_llama_cpp_runs_on_a_measured_kernel(type_name, build):
+    """Each type mainline loads runs on a measured kernel of either build on every measured instruction set; ik's own
+    types (only ik loads them) on ik's, where ik was measured, and on none elsewhere (the profile's figure then)."""
+    ik_isas = {isa for b, isa, _ in GGML_KERNEL_GBPS if b == "ik"}
     for isa in kernels.MEASURED_ISAS:
-        kernel_build, measured = kernels.measured_kernel(build, isa, type_name)
+        kernel = kernels.measured_kernel(build, isa, type_name)
+        if kernel is None:
+            assert QUANT_TYPES[type_name].fork is not None and (build != "ik" or isa not in ik_isas), (build, isa)
+            continue
+        kernel_build, measured = kernel
         record = BY_ID[ggml_kernel_record_id(kernel_build, isa, measured)]
         assert record.unit == "GB/s" and record.value > 0 and record.engine == "llama.cpp"
         assert measured in (type_name, kernels.MEASURED_AS[type_name])
@@ -88,6 +96,19 @@ def test_ik_llama_cpp_quantize_takes_its_own_flags():
     assert gk.expert_type_flags("Q4_K", ik=False) == [
         "--tensor-type", "ffn_gate_exps=q4_K", "--tensor-type", "ffn_up_exps=q4_K", "--tensor-type",
         "ffn_down_exps=q4_K"]  # ggml's spelling of the type (ggml.c type_traits), which ik's parser requires
+
+
+# ggml.c type_traits' type_name of each type ik_llama.cpp@8337e4cd3 has (its quantize's --custom-q takes no other
+# spelling): the k-quants with a capital K, every other type in lower case
+IK_TYPE_NAMES = {"Q8_0": "q8_0", "Q5_0": "q5_0", "Q4_K": "q4_K", "Q6_K": "q6_K", "Q8_K": "q8_K", "IQ3_XXS": "iq3_xxs",
+                 "IQ4_XS": "iq4_xs", "MXFP4": "mxfp4", "Q6_0": "q6_0", "IQ2_K": "iq2_k", "IQ4_K": "iq4_k",
+                 "IQ6_K": "iq6_k", "IQ3_KS": "iq3_ks", "IQ4_KS": "iq4_ks", "IQ2_KL": "iq2_kl"}
+
+
+@pytest.mark.parametrize("type_name", sorted(IK_TYPE_NAMES))
+def test_quantize_names_each_type_as_ggml_does(type_name):
+    rules = gk.expert_type_flags(type_name, ik=True)[1].split(",")
+    assert rules == [f"ffn_{part}_exps={IK_TYPE_NAMES[type_name]}" for part in ("gate", "up", "down")]
 
 
 def test_an_expert_of_two_types_takes_the_time_of_each_slice():
@@ -138,3 +159,25 @@ def test_ik_keeps_its_own_measured_kernels_and_takes_the_hosts_for_the_rest():
     # IQ3_S: no ik row on AVX-512, so the host's own (mainline) rate, not mainline's record
     assert kernels.expert_core_rate(np.array([1e6] * 3), np.array(["IQ3_S"] * 3), "avx512", domain, notices, "ik",
                                     own) == pytest.approx(1e9)
+
+
+def test_a_type_the_build_cannot_write_is_skipped_and_the_rest_measured(tmp_path):
+    """measure() with stand-in binaries (the models already in place): llama-quantize refusing one type leaves that
+    type out, with the tool's last line, and the other types are still timed and rated."""
+    bin_dir, work = tmp_path / "bin", tmp_path / "work"
+    bin_dir.mkdir()
+    work.mkdir()
+    for n in gk.LAYER_PAIR:
+        (work / f"L{n}.gguf").write_bytes(b"")
+    quantize = bin_dir / "llama-quantize"
+    quantize.write_text('#!/bin/sh\ncase "$*" in *iq4_k,*) echo "invalid type iq4_k" >&2; exit 1;; esac\n'
+                        'eval src=\\${$(($# - 2))} dst=\\${$(($# - 1))}\ncp "$src" "$dst"\n')
+    bench = bin_dir / "llama-bench"  # 20 ms a token for an 8-layer model, 30 for a 16-layer one
+    bench.write_text('#!/bin/sh\ncase "$*" in *L16*) ts=33.333;; *) ts=50;; esac\n'
+                     'echo "[{\\"samples_ts\\": [$ts]}]"\n')
+    for tool in (quantize, bench):
+        tool.chmod(0o755)
+    result = gk.measure(tmp_path, bin_dir, work, types=("IQ4_K", "Q4_K"), ik=True)
+    assert set(result["seconds_per_token"]) == {"Q8_0", "Q4_K"}
+    assert result["skipped"] == {"IQ4_K": "llama-quantize exit 1: invalid type iq4_k"}
+    assert result["gbps_per_core"]["Q8_0"] == pytest.approx(sum(gk.layer_bytes("Q8_0")) / (0.01 / 8) / 1e9, rel=1e-3)

@@ -234,6 +234,19 @@ def test_q2_0_is_sized_although_gguf_does_not_know_it(tmp_path):
     assert (layer.down_type, layer.down_bytes) == ("Q2_0", 65_536 // 64 * 18)
 
 
+def test_ik_types_are_sized_by_rows_as_ik_llama_cpp_writes_them(tmp_path):
+    """ik_llama.cpp@8337e4cd3's llama-quantize (--custom-q ffn_*_exps=iq3_ks, sim.calibrate.ggml_kernels --ik) wrote
+    a 16-expert layer's IQ3_KS gate, ne [2048, 768, 16], in 10,051,584 bytes and its down, ne [768, 2048, 16], in
+    10,092,544: the distance from each tensor's data to the next one's in its file (2026-12-07). Written here as Q8_0
+    (gguf 0.19.0 cannot write id 156) and patched to IQ3_KS, whose bytes are fewer."""
+    path = write_gguf(tmp_path / "iq3_ks.gguf", expert_tensors(0, 16, 2048, 768, (Q.Q8_0,) * 3), moe_kv(1, 16, 8))
+    for offset in [type_field_offset(path, f"blk.0.ffn_{part}_exps.weight") for part in PARTS]:  # gguf reads it first
+        patch_u32(path, offset, 156)
+    layer = read_gguf(path).layout.layers[0]
+    assert (layer.gate_type, layer.down_type) == ("IQ3_KS", "IQ3_KS")
+    assert (16 * layer.gate_bytes, 16 * layer.up_bytes, 16 * layer.down_bytes) == (10_051_584, 10_051_584, 10_092_544)
+
+
 def test_full_size_sparse_file_matches_the_preset(tmp_path):
     """The real DeepSeek-V4-Flash q2-q4 tensor infos over an 83 GiB sparse file: the weights are never read."""
     preset = get_preset("deepseek-v4-flash-q2-q4")

@@ -288,6 +288,9 @@ def test_a_host_with_its_own_kernel_rates_computes_its_cpu_experts_at_them(tmp_p
 
     fast, slow = run_at(1.0), run_at(0.5)
     assert not any("(record llamacpp-ggml" in note for note in fast.summary["out_of_domain"])
+    from sim.engines import ENGINES
+
+    assert not any(r.startswith("llamacpp-ggml") for r in ENGINES["llama.cpp"].records_read(fast.scenario))
 
     def per_token(result):
         t = result.timings.iloc[-1]
@@ -295,3 +298,17 @@ def test_a_host_with_its_own_kernel_rates_computes_its_cpu_experts_at_them(tmp_p
 
     per_token_bytes = _expert_bytes(fast)[:40].sum() * fast.scenario.layout.top_k
     assert per_token(slow) - per_token(fast) == pytest.approx(per_token_bytes / 8e9, rel=1e-6)
+
+
+@pytest.mark.parametrize("variant, flags", [("mainline", {}), ("ik", {}), ("mainline", {"n-gpu-layers": 30}),
+                                            ("mainline", {"n-cpu-moe": 0})])
+def test_records_read_are_the_records_a_run_reads(variant, flags):
+    """records_read (what --uncertainty samples) names exactly the llama.cpp records a run of the box, away from every
+    record's key, reports reading: the graph floor, the split where a layer's experts are on the CPU, the CPU
+    kernels of the slices it computes (the seed's IQ3_XXS / IQ4_NL experts; -ngl's whole CPU layers)."""
+    from sim.engines import ENGINES
+
+    result = _run(1, 2, variant=variant, **flags)
+    reported = {note.split("(record ")[1].split(")")[0] for note in result.summary["out_of_domain"]
+                if "(record llamacpp-" in note}
+    assert set(ENGINES["llama.cpp"].records_read(result.scenario)) == reported

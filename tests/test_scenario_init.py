@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.engines import ENGINES
 from sim.hardware import load_hardware, load_hardware_file
 from sim.scenario import load_scenario
 
@@ -67,6 +68,26 @@ def test_each_engine_choice_writes_a_scenario_that_loads_and_runs(tmp_path, mode
     assert scenario.engine.name == engine and scenario.trace.generator == model
     summary = strict_json(expertsim("run", "start.toml", "-o", "out", "--json", cwd=tmp_path).stdout)
     assert summary["engine"] == engine and (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_a_file_only_ik_llama_cpp_loads_gets_its_build(tmp_path):
+    """glm-5.1-iq3_ks holds ik_llama.cpp's own IQ3_KS / IQ4_KS experts: the automatic choice skips the engines and
+    builds that would refuse the file and takes the llama.cpp family's ik variant."""
+    written = strict_json(expertsim("scenario", "init", "--model", "glm-5.1-iq3_ks", "--hardware",
+                                    "rtx-pro-6000-maxq-9175f", *SHORT, "-o", "glm.toml", "--json", cwd=tmp_path).stdout)
+    assert (written["engine"], written["variant"]) == ("llama.cpp", "ik")
+    assert load_scenario(tmp_path / "glm.toml").engine.variant == "ik"
+    # ik has no --fit: the 320 GiB of experts do not fit the 96 GB card, so the start keeps the fewest last MoE
+    # layers' experts in host RAM that leave mainline --fit's 1 GiB spare, and one layer fewer would not
+    n_cpu = written["room_for_a_cache"]["engine.flags.n-cpu-moe"]["value"]
+    assert written["warning"] is None and 0 < n_cpu < 76
+    text = (tmp_path / "glm.toml").read_text()
+    for n, fits in ((n_cpu, True), (n_cpu - 1, False)):
+        path = tmp_path / f"glm-{n}.toml"
+        path.write_text(text.replace(f"n-cpu-moe = {n_cpu} ", f"n-cpu-moe = {n} ", 1))
+        scenario = load_scenario(path)
+        assert scenario.engine.flags.n_cpu_moe == n
+        assert (ENGINES["llama.cpp"].plan_memory(scenario).free_at_sizing_bytes >= 2**30) is fits
 
 
 RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"

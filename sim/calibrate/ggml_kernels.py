@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -58,14 +59,11 @@ def attention_weights() -> int:
     return HIDDEN * q + 2 * HIDDEN * kv + q * HIDDEN
 
 
-def expert_weights() -> int:
-    """Weights of one expert's gate, up and down."""
-    return 3 * HIDDEN * EXPERT_WIDTH
-
-
 def layer_bytes(expert_type: str) -> tuple[int, int]:
     """Bytes one decode token's kernels read in one layer: (the attention at Q8_0, the TOP_K experts at their type)."""
-    return tensor_bytes("Q8_0", attention_weights()), TOP_K * tensor_bytes(expert_type, expert_weights())
+    # gate and up rows run along the hidden size, down's along the expert width (ik's types store bytes per row)
+    gate_up, down = (tensor_bytes(expert_type, HIDDEN * EXPERT_WIDTH, row) for row in (HIDDEN, EXPERT_WIDTH))
+    return tensor_bytes("Q8_0", attention_weights()), TOP_K * (2 * gate_up + down)
 
 
 def rates(seconds: dict[str, tuple[float, float]]) -> dict[str, float]:
@@ -166,8 +164,11 @@ def decode_seconds(bench: Path, model: Path, threads: int) -> float:
 def expert_type_flags(type_name: str, ik: bool) -> list[str]:
     """llama-quantize's flags that give the expert tensors (gate, up, down) one type: mainline's --tensor-type per
     tensor, ik_llama.cpp's --custom-q list of regex=type rules (its examples/quantize/quantize.cpp)."""
-    # ggml's own type names (ggml.c type_traits: "q4_K", "iq3_xxs"): ik's parser takes no other spelling
-    name = type_name.lower()[:-2] + "_K" if type_name.endswith("_K") else type_name.lower()
+    # ggml's own type names (ggml.c type_traits: the k-quants "q4_K", every other "iq3_xxs", ik's "iq4_k"): ik's
+    # parser takes no other spelling
+    name = type_name.lower()
+    if re.fullmatch(r"q\d_k", name):
+        name = name[:-1] + "K"
     rules = [f"ffn_{part}_exps={name}" for part in ("gate", "up", "down")]
     if ik:
         return ["--custom-q", ",".join(rules)]
@@ -177,7 +178,7 @@ def expert_type_flags(type_name: str, ik: bool) -> list[str]:
 def measure(llama_cpp: Path, bin_dir: Path, work: Path, types=TYPES, threads: int = 1, ik: bool = False) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     vocab = llama_cpp / "models" / "ggml-vocab-qwen2.gguf"
-    seconds = {}
+    seconds, skipped = {}, {}
     for kind in ("Q8_0", *types):
         pair = []
         for n in LAYER_PAIR:
@@ -186,16 +187,25 @@ def measure(llama_cpp: Path, bin_dir: Path, work: Path, types=TYPES, threads: in
                 write_model(base, n, vocab)
             model = base if kind == "Q8_0" else work / f"L{n}_{kind.lower()}.gguf"
             if not model.exists():
-                subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", *expert_type_flags(kind, ik),
-                                str(base), str(model), "Q8_0"], check=True, capture_output=True)
+                done = subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize",
+                                       *expert_type_flags(kind, ik), str(base), str(model), "Q8_0"],
+                                      capture_output=True, text=True)
+                if done.returncode:  # this build cannot write the type: the other types are still measured
+                    model.unlink(missing_ok=True)
+                    lines = (done.stderr or done.stdout).strip().splitlines()
+                    skipped[kind] = f"llama-quantize exit {done.returncode}: {lines[-1] if lines else ''}"
+                    print(f"{kind}: skipped ({skipped[kind]})", file=sys.stderr)
+                    break
             pair.append(model)
+        if kind in skipped:
+            continue
         # the two models in turn, ROUNDS times, each its fastest: load that comes and goes hits both alike
         times = [[decode_seconds(bin_dir / "llama-bench", m, threads) for m in pair] for _ in range(ROUNDS)]
         pair = [min(t[i] for t in times) for i in range(2)]
         seconds[kind] = tuple(pair)
         print(f"{kind}: {pair[0] * 1e3:.2f} / {pair[1] * 1e3:.2f} ms a token", file=sys.stderr)
     return {"seconds_per_token": seconds, "gbps_per_core": rates(seconds), "threads": threads,
-            "layers": LAYER_PAIR, "build": "ik_llama.cpp" if ik else "llama.cpp"}
+            "layers": LAYER_PAIR, "build": "ik_llama.cpp" if ik else "llama.cpp", "skipped": skipped}
 
 
 def main(argv: list[str] | None = None) -> None:

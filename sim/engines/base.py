@@ -4,7 +4,8 @@ An engine is a package under sim/engines/ whose `__init__` defines one `Engine` 
 registers an instance of it (one line). Everything outside sim/engines/ reaches an engine through this spec, by
 the `name` in the scenario's [engine] table, and never names one:
 
-    scenario.py   Settings (its [engine] table in the scenario's union), validate (refusals at load)
+    scenario.py   Settings (its [engine] table in the scenario's union), validate (refusals at load),
+                  unloadable_type (a file's tensor types the build does not load)
     simulate.py   timed, process(...) -> EngineProcess, context_tokens
     workload.py   reads_prompt_in_chunks (a long prompt's routing kept on disk)
     explore, cli  search_space / knobs (plan's grid and labels, report axis names), default_objective,
@@ -151,6 +152,20 @@ class TimedProcess(EngineProcess, Protocol):
     def bounds(self, request: int) -> Bounds: ...
 
 
+def refused_tensor(engine: "Engine", layout, variant: str | None) -> str | None:
+    """Why the build refuses the layout's file at load (Engine.unloadable_type of its first such expert tensor), None
+    when it loads every one."""
+    from sim.model.quant import quant_type
+
+    for layer in layout.layers:
+        for part in ("gate", "up", "down"):
+            why = engine.unloadable_type(variant, f"blk.{layer.block}.ffn_{part}_exps.weight",
+                                         quant_type(getattr(layer, f"{part}_type")))
+            if why is not None:
+                return why
+    return None
+
+
 class Engine(ABC):
     """One engine family: its settings, refusals, memory plan, search space and process (module docstring)."""
 
@@ -209,6 +224,13 @@ class Engine(ABC):
     def default_variant(self, layout, compute_key: str | None) -> str | None:
         """The build a starting scenario takes for this model (None: the engine has no variants)."""
         return None
+
+    def unloadable_type(self, variant: str | None, tensor: str, qt) -> str | None:
+        """Why this build refuses the file when it loads a tensor of type qt (a sim.model.quant QuantType), None when
+        it loads it: by default a fork's own types (QuantType.fork) are refused."""
+        if qt.fork is None:
+            return None
+        return f"{tensor} is {qt.name} (type {qt.ggml_id}), {qt.fork}'s own type: {self.label} does not load it"
 
     def owned_buffers(self, settings: dict) -> bool:
         """Whether these knob settings give the prompt path buffers of its own (plan says what pays for them)."""
@@ -273,4 +295,4 @@ def spec_problems(engine) -> list[str]:
 
 
 __all__ = ["Allocation", "Bounds", "Engine", "EngineProcess", "EngineState", "Knob", "MEMBERS", "MemoryPlan",
-           "SearchAxis", "TimedProcess", "Variant", "candidates", "setting", "spec_problems"]
+           "SearchAxis", "TimedProcess", "Variant", "candidates", "refused_tensor", "setting", "spec_problems"]

@@ -73,8 +73,8 @@ def ggml_kernel_record_id(build: str, isa: str, type_name: str) -> str:
 GGML_KERNEL_BOX = "expertsim's development VM (AMD EPYC, Zen 4, 2 vCPUs, KVM)"
 GGML_KERNEL_COMMANDS = {
     "ggml": "python -m sim.calibrate.ggml_kernels --llama-cpp SRC --bin BUILD/bin --work DIR, llama.cpp@0c1e57098",
-    "ik": "python -m sim.calibrate.ggml_kernels --llama-cpp SRC --bin IK_BUILD/bin --work DIR --ik --types IQ3_XXS "
-          "IQ4_XS Q4_K Q6_K Q5_0 MXFP4, ik_llama.cpp@8337e4cd3 (-DGGML_IQK_FA_ALL_QUANTS=OFF)"}
+    "ik": "python -m sim.calibrate.ggml_kernels --llama-cpp SRC --bin IK_BUILD/bin --work DIR --ik --types TYPES, "
+          "ik_llama.cpp@8337e4cd3 (-DGGML_IQK_FA_ALL_QUANTS=OFF)"}
 GGML_KERNEL_BUILDS = {"avx512": "cmake -DGGML_NATIVE=ON: AVX-512F/BW/VNNI/BF16",
                       "avx2": "cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
                               "-DGGML_AVX512=OFF"}
@@ -98,7 +98,14 @@ GGML_KERNEL_GBPS = {
     ("ik", "avx512", "Q8_0"): 27.6, ("ik", "avx512", "Q4_K"): 15.5, ("ik", "avx512", "Q6_K"): 18.8,
     ("ik", "avx512", "MXFP4"): 5.41, ("ik", "avx512", "IQ4_XS"): 11.3, ("ik", "avx512", "IQ3_XXS"): 4.77,
     ("ik", "avx512", "Q5_0"): 14.6,
+    # ik's own types (only its build loads them), in three later runs: the types of the least loaded one (its Q8_0
+    # pair the fastest), and IQ4_K, which only the last measured, against that run's own Q8_0 pair
+    ("ik", "avx512", "IQ3_KS"): 10.5, ("ik", "avx512", "IQ4_KS"): 13.2, ("ik", "avx512", "IQ2_KS"): 7.49,
+    ("ik", "avx512", "IQ5_KS"): 14.3, ("ik", "avx512", "Q6_0"): 17.3, ("ik", "avx512", "IQ4_K"): 15.0,
 }
+# the kernels measured in more than one run (ik-kernels-zen4.json): each run's rate, the spread an uncertainty run takes
+GGML_KERNEL_SPREAD = {("ik", "avx512", "IQ3_KS"): (8.95, 11.0), ("ik", "avx512", "IQ4_KS"): (13.1, 16.9),
+                      ("ik", "avx512", "IQ4_K"): (13.6, 15.0)}
 
 RECORDS: tuple[Record, ...] = (
     # ds4, DeepSeek-V4-Flash on the #503 box. ds4 printed "available 81.57 GiB" (ds4-engine.md §1.12) with the
@@ -269,7 +276,10 @@ RECORDS: tuple[Record, ...] = (
     *(Record(ggml_kernel_record_id(build, isa, type_name),
              f"{BUILD_NAMES[build]} CPU kernel per core ({type_name}, {ISA_NAMES[isa]})",
              gbps, "GB/s", "llama.cpp", "", GGML_KERNEL_BOX, None, None,
-             f"{GGML_KERNEL_COMMANDS[build]} ({GGML_KERNEL_BUILDS[isa]})")
+             f"{GGML_KERNEL_COMMANDS[build]} ({GGML_KERNEL_BUILDS[isa]})",
+             GGML_KERNEL_SPREAD.get((build, isa, type_name)),
+             "ik-kernels-zen4.json: the three runs of ik's own types (IQ4_K: against the last run's own Q8_0 pair and "
+             "the least loaded run's)" if (build, isa, type_name) in GGML_KERNEL_SPREAD else None)
       for (build, isa, type_name), gbps in GGML_KERNEL_GBPS.items()),
 )
 

@@ -23,7 +23,7 @@ from gguf import GGUFReader, GGUFValueType
 
 from sim.errors import InputError, require_regular_file
 from sim.model.layout import MAX_EXPERTS, ExpertLayer, ModelLayout
-from sim.model.quant import QuantType, quant_type
+from sim.model.quant import QuantType, quant_type, tensor_bytes
 
 PARTS = ("gate", "up", "down")
 _N = r"(0|[1-9][0-9]*)"  # block and expert numbers, without leading zeros that would alias
@@ -167,7 +167,7 @@ def _read_part(where: str, tensors: list[_RawTensor], three_d: bool, file_bytes:
         if t.ne[0] % qt.block_weights:
             raise InputError(where, f"{t.name} ne0", t.ne[0],
                              f"{qt.name} rows must be whole {qt.block_weights}-weight blocks")
-        expert_bytes = t.ne[0] // qt.block_weights * qt.block_bytes * t.ne[1]
+        expert_bytes = tensor_bytes(qt.name, t.ne[0] * t.ne[1], t.ne[0])
         n = t.ne[2] if three_d else 1
         if n > MAX_EXPERTS:
             raise InputError(where, f"{t.name} n_expert", n, f"more than {MAX_EXPERTS} experts")

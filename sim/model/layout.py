@@ -35,7 +35,7 @@ def _part_bytes(where: str, part: str, type_name: str, row_weights: int, n_rows:
     if row_weights % qt.block_weights:
         raise InputError(where, f"{part} row", row_weights,
                          f"{qt.name} needs rows that are a multiple of {qt.block_weights} weights")
-    return tensor_bytes(qt.name, row_weights * n_rows)
+    return tensor_bytes(qt.name, row_weights * n_rows, row_weights)
 
 
 @dataclass(frozen=True)

@@ -208,15 +208,16 @@ PRESETS: MappingProxyType[str, ModelLayout] = MappingProxyType({layout.name: lay
             dense=range(0, 3), mtp=range(78, 79)),
     # GLM-5.1: GLM-5.2's geometry (hardware-and-gguf.md §4 lists GLM-5 / 5.1 / 5.2 as one: 78 blocks + the MTP block
     # 78, 0-2 dense, 256 experts, top-8, 1 shared, 6144 x 2048). As ubergarm's IQ3_KS file (320.216 GiB, 3.65 BPW;
-    # ik_llama.cpp, validation case L13), whose ik-only types are not in the GGML block table: IQ3_XXS gate/up (ik's
-    # IQ3_KS is 3.1875 bpw) and IQ4_XS down, 3.46 bpw a routed weight, a stand-in for the file's experts (320.2 GiB
-    # less ~19 B non-routed weights at ~8.5 bpw leaves ~3.5 bpw for the 734.5 B routed ones [E]).
+    # ik_llama.cpp, validation case L13): ik_llama.cpp's own IQ3_KS gate/up and IQ4_KS down, the routed experts of
+    # ubergarm's IQ3_KS recipes [E: the GLM-5.1 file's recipe was not read; 3.55 bpw a routed weight, 303.4 GiB with
+    # the MTP block's, which leaves the file 16.8 GiB for its ~19 B non-routed weights (the BF16 file's 1404.4 GiB at
+    # 16.003 BPW, less 734.5 B routed), ~7.4 bpw]. Only ik_llama.cpp loads it.
     _layout("glm-5.1-iq3_ks",
             "hardware-and-gguf.md §4 (GLM-5 / 5.1 / 5.2: 78 blocks + MTP, 3 dense, 256 x top-8, 6144 x 2048); quant: "
-            "IQ3_XXS gate/up + IQ4_XS down, a GGML stand-in for the IQ3_KS file's ~3.5 bpw experts (llamacpp-engine.md "
+            "ik_llama.cpp's IQ3_KS gate/up + IQ4_KS down, ubergarm's IQ3_KS recipe for routed experts (llamacpp-engine.md "
             "§11 P13)",
             n_blocks=79, n_experts=256, top_k=8, n_shared=1, hidden=6144, expert_width=2048,
-            recipe=_uniform("IQ3_XXS", "IQ4_XS"), dense=range(0, 3), mtp=range(78, 79)),
+            recipe=_uniform("IQ3_KS", "IQ4_KS"), dense=range(0, 3), mtp=range(78, 79)),
     # gpt-oss-120b: hardware-and-gguf.md §4 (transformers GptOssConfig): 36 layers, 128 experts, top-4,
     # hidden 2880, width 2880. Experts ship as MXFP4 (2880 is not a multiple of 256, §3.1). The per-expert
     # f32 biases (3 x 2880 x 4 B, 0.3 % of an expert) are not counted.

@@ -7,6 +7,12 @@ stays an independent check (tests/test_quant.py) and types it does not know yet 
 Sources: `block_*` structs and their static_asserts in ggml-org/llama.cpp `ggml/src/ggml-common.h`
 (commit 01243c58) and `GGML_QUANT_SIZES` in gguf-py 0.19.0 `gguf/constants.py`, as tabulated in
 reference/hardware-and-gguf.md §3.1. QK_K = 256 weights per K-quant / IQ super-block.
+
+A fork's own types (ik_llama.cpp's IQ*_K / IQ*_KS / Q6_0, the types of ubergarm's files) are sized here too, marked
+with the fork: only an engine build that loads them runs such a file (Engine.unloadable_type). Some of them also
+store a few bytes per row ahead of the row's blocks (ik's `row_meta_size`: the row's scale), so their tensors
+size by rows, not by weights alone. Source: ikawrakow/ik_llama.cpp@8337e4cd3 ggml/src/ggml-common.h (`block_*` and
+their static_asserts), ggml/include/ggml.h (the ids) and ggml/src/ggml.c (type_traits' row_meta_size).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ class QuantType:
     ggml_id: int
     block_weights: int
     block_bytes: int
+    row_meta_bytes: int = 0  # bytes ahead of each row's blocks (ik_llama.cpp's per-row scale)
+    fork: str | None = None  # the fork whose own type this is (None: mainline GGML's)
 
 
 _QK_K = 256
@@ -73,8 +81,26 @@ _TYPES = (
     QuantType("Q2_0", 42, 64, 2 + 16),  # d + qs[16]
 )
 
-QUANT_TYPES: dict[str, QuantType] = {t.name: t for t in _TYPES}
-_BY_ID = {t.ggml_id: t for t in _TYPES}
+_IK = "ik_llama.cpp"
+# ik_llama.cpp's own types (ggml.h ids 133-157; ggml-common.h blocks), the ones its published files' experts use
+_FORK_TYPES = (
+    QuantType("Q6_0", 133, 32, 2 + 32 // 4 + 32 // 2, 0, _IK),  # d + qh[8] + qs[16]
+    QuantType("IQ2_K", 137, _QK_K, 2 + 2 + _QK_K // 32 + _QK_K // 4, 0, _IK),  # d + extra + scales[8] + qs[64]
+    QuantType("IQ3_K", 138, _QK_K, 2 + 2 + 2 + _QK_K // 32 + _QK_K // 4 + _QK_K // 8, 0, _IK),  # + scales_h, qh[32]
+    QuantType("IQ4_K", 139, _QK_K, 2 + 2 + _QK_K // 2 + 3 * _QK_K // 64, 0, _IK),  # d + extra + scales + qs[128]
+    QuantType("IQ5_K", 140, _QK_K, 2 + 2 + _QK_K // 2 + _QK_K // 8 + 3 * _QK_K // 64, 0, _IK),  # + qh[32]
+    QuantType("IQ6_K", 141, _QK_K, 2 + 2 + _QK_K // 2 + _QK_K // 4 + _QK_K // 16, 0, _IK),  # qs[128] qh[64] scales
+    QuantType("IQ4_KS", 144, _QK_K, _QK_K // 32 + _QK_K // 2, 4, _IK),  # scales[8] + qs[128]; a float a row
+    QuantType("IQ2_KS", 145, _QK_K, 2 + _QK_K // 64 + _QK_K // 4, 2, _IK),  # extra + scales[4] + qs[64]; f16 a row
+    QuantType("IQ5_KS", 152, _QK_K, _QK_K // 32 + _QK_K // 2 + _QK_K // 8, 4, _IK),  # scales[8] qs[128] qh[32]
+    QuantType("IQ3_KS", 156, _QK_K, 2 + _QK_K // 64 + _QK_K // 4 + _QK_K // 8, 2, _IK),  # extra scales[4] qs qh[32]
+    QuantType("IQ2_KL", 157, _QK_K, 2 + _QK_K // 64 + _QK_K // 4 + _QK_K // 16, 2, _IK),  # scales_h/l, qs, qh[16]
+)
+
+QUANT_TYPES: dict[str, QuantType] = {t.name: t for t in _TYPES + _FORK_TYPES}
+# mainline GGML's types: what a file any GGML build loads may hold
+GGML_TYPES: tuple[str, ...] = tuple(t.name for t in _TYPES)
+_BY_ID = {t.ggml_id: t for t in _TYPES + _FORK_TYPES}
 # Ids that once existed and were taken out of the format: worth a clearer refusal than "unknown".
 _REMOVED_IDS = {31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8", 36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
 
@@ -92,14 +118,23 @@ def quant_type(name_or_id: str | int) -> QuantType:
         found = None
     if found is None:
         raise InputError("quant table", "ggml type", name_or_id,
-                         "unknown GGML type (mainline ids 0-42; fork types such as ik_llama.cpp's are not sized)")
+                         "unknown GGML type (mainline's ids 0-42; ik_llama.cpp's own types: "
+                         + ", ".join(t.name for t in _FORK_TYPES) + ")")
     return found
 
 
-def tensor_bytes(type_name: str, n_weights: int) -> int:
-    """Bytes of n_weights weights stored as type_name; n_weights must fill whole blocks."""
+def tensor_bytes(type_name: str, n_weights: int, row_weights: int | None = None) -> int:
+    """Bytes of n_weights weights stored as type_name in rows of row_weights (ggml's ne0); n_weights must fill whole
+    blocks. A type with per-row bytes (QuantType.row_meta_bytes) needs the row length, and whole rows."""
     qt = quant_type(type_name)
     if n_weights < 0 or n_weights % qt.block_weights:
         raise InputError("quant table", f"{qt.name} weights", n_weights,
                          f"must be a non-negative multiple of the {qt.block_weights}-weight block")
-    return n_weights // qt.block_weights * qt.block_bytes
+    rows = 0
+    if qt.row_meta_bytes:
+        if row_weights is None or row_weights < 1 or row_weights % qt.block_weights or n_weights % row_weights:
+            raise InputError("quant table", f"{qt.name} row", row_weights,
+                             f"a {qt.name} tensor is sized by whole rows of whole {qt.block_weights}-weight blocks "
+                             f"({qt.row_meta_bytes} bytes ahead of each row)")
+        rows = n_weights // row_weights
+    return n_weights // qt.block_weights * qt.block_bytes + rows * qt.row_meta_bytes

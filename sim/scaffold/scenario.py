@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sim.engines import ENGINES
+from sim.engines.base import refused_tensor
 from sim.errors import InputError
 from sim.scaffold.toml_text import comment_block, commented, dotted, toml_key, toml_value
 from sim.scaffold.writing import hardware_from, reference, write_checked
@@ -51,7 +52,8 @@ def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, st
     timed = [e for e in ENGINES.values() if e.timed]
     for candidate in timed:
         why = candidate.runs(layout, compute_key)
-        if why is not None:
+        if why is not None and refused_tensor(candidate, layout,
+                                              candidate.default_variant(layout, compute_key)) is None:
             return candidate.name, why
     fallback = next(e for e in ENGINES.values() if not e.timed)
     scopes = "; ".join(e.scope() for e in timed)

@@ -13,10 +13,13 @@ offload). ../shared/reference/llamacpp-engine.md (llama.cpp @ 34af94cd9, ik_llam
 
 from __future__ import annotations
 
-from sim.engines.base import Engine, MemoryPlan, SearchAxis
+from sim.engines.base import Engine, MemoryPlan, SearchAxis, refused_tensor
 from sim.engines.llamacpp import search
-from sim.engines.llamacpp.settings import ONLY_IN, VARIANTS, Knobs, Settings
+from sim.engines.llamacpp.settings import KEY_NCMOE, ONLY_IN, VARIANTS, Knobs, Settings
 from sim.errors import InputError
+
+
+MAINLINE_TYPE_COUNT = 43  # GGML_TYPE_COUNT, ggml/include/ggml.h at 0c1e57098 (Q2_0 = 42 the last)
 
 
 class LlamaCpp(Engine):
@@ -70,17 +73,79 @@ class LlamaCpp(Engine):
         where = str(scenario.path or "scenario")
         return plan_memory(scenario, Knobs.of(scenario, where), where)
 
+    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[str, int, str] | None:
+        """Where the default placement does not fit the card (every expert on the GPU: ik_llama.cpp has no --fit),
+        the fewest MoE layers whose experts --n-cpu-moe keeps in host RAM for the rest to fit with mainline --fit's
+        1 GiB spare: ik's --n-cpu-moe takes the last N, the layers --fit gives up first (vram.fit_placement). None
+        where the placement fits, mainline places its own (--fit), or even every expert on the CPU does not fit."""
+        from sim.engines.llamacpp.vram import FIT_MARGIN_BYTES, fit_placement, vram_allocations
+        from sim.engines.llamacpp.weights import file_weights
+        from sim.units import GIB
+
+        where = str(scenario.path or "scenario")
+        knobs = Knobs.of(scenario, where)
+        layout, profile = scenario.layout, scenario.hardware_profile
+        if plan.why_no_cache is None or not knobs.variant.ik or knobs.on_cpu.any() or knobs.places_layers:
+            return None
+        on_cpu = fit_placement(layout, profile, knobs.ctx, knobs.ubatch, knobs.op_offload, where)
+        used = sum(a.bytes for a in vram_allocations(layout, profile, file_weights(layout, where), on_cpu, knobs.ctx,
+                                                     knobs.ubatch, knobs.op_offload))
+        if used + FIT_MARGIN_BYTES > profile.vram_bytes:
+            return None
+        n_cpu = int(on_cpu.any(axis=1).sum())
+        every = sum(a.bytes for a in plan.allocations if a.pool == "vram")
+        return (KEY_NCMOE, n_cpu,
+                f"set here: every expert on the GPU needs {every / GIB:.1f} GiB of its {profile.vram_bytes / GIB:.1f}; "
+                f"the last {n_cpu} of {len(on_cpu)} MoE layers' experts in host RAM leave "
+                f"{(profile.vram_bytes - used) / GIB:.1f} GiB spare (>= {FIT_MARGIN_BYTES // GIB} GiB, mainline "
+                "--fit's margin)")
+
     def search_space(self, data: dict) -> list[SearchAxis]:
         from sim.model.presets import PRESETS
 
         layout = PRESETS.get(data.get("model")) if isinstance(data.get("model"), str) else None
         return search.search_space(data, layout.n_routed_layers if layout is not None else 48)
 
+    def records_read(self, scenario) -> tuple[str, ...]:
+        """The records a run reads (process.py): its decode graph nodes' floor, a CPU MoE layer's split where a layer
+        has experts on the CPU, and the CPU kernels of the slices the CPU computes (kernels.kernel_records)."""
+        from sim.engines.llamacpp.kernels import kernel_records
+        from sim.engines.llamacpp.vram import part_types
+
+        knobs = Knobs.of(scenario, str(scenario.path or "scenario"))
+        layout, host = scenario.layout, scenario.hardware_profile.host
+        n = layout.n_routed_layers
+        on_cpu, whole = knobs.on_cpu[:n], knobs.whole_cpu[:n]
+        types = part_types(layout)[:n]
+        computed = list(types[on_cpu]) + list(types[whole].ravel())
+        if not knobs.output_on_gpu:
+            computed += list(types[n - 1])
+        own = host.own_ggml_kernel_types  # which slices run at the host's own rate, whatever that rate is
+
+        def measured_here(type_name: str) -> float | None:
+            return 1.0 if type_name in own else None
+
+        kernels = kernel_records(computed, None if host.simd is None else host.simd.value,
+                                 "ik" if knobs.variant.ik else "ggml", measured_here)
+        split = ("llamacpp-cpu-moe-split",) if on_cpu.any() else ()
+        nodes = "llamacpp-gpu-node-graphs" if knobs.cuda_graphs else "llamacpp-gpu-node-launch"
+        return (nodes, *split, *sorted(kernels))
+
     def context_tokens(self, settings) -> int | None:
         return settings.flags.ctx_size
 
     def default_variant(self, layout, compute_key: str | None) -> str | None:
-        return "mainline"
+        """mainline, or ik_llama.cpp for a file with ik's own types (only ik loads it)."""
+        return "ik" if refused_tensor(self, layout, "mainline") is not None else "mainline"
+
+    def unloadable_type(self, variant: str | None, tensor: str, qt) -> str | None:
+        """ik_llama.cpp loads its own types; mainline's gguf reader refuses a type id past its GGML_TYPE_COUNT
+        (ggml/src/gguf.cpp gguf_init_from_file_impl, 43 at 0c1e57098), and the model load fails."""
+        if qt.fork is None or (qt.fork == "ik_llama.cpp" and VARIANTS[variant or "mainline"].ik):
+            return None
+        return (f"llama.cpp fails to load the file (\"gguf_init_from_file_impl: tensor '{tensor}' has invalid ggml "
+                f"type {qt.ggml_id}. should be in [0, {MAINLINE_TYPE_COUNT})\"): {qt.name} is {qt.fork}'s own type; "
+                "run it with variant ik")
 
     def runs(self, layout, compute_key: str | None) -> str | None:
         from sim.engines.llamacpp.weights import file_weights

@@ -25,6 +25,9 @@ MEASURED_AS = {
     "IQ4_NL": "IQ4_XS", "IQ4_XS": "IQ4_XS",
     "IQ1_S": "IQ3_S", "IQ1_M": "IQ3_S", "IQ2_XXS": "IQ3_S", "IQ2_XS": "IQ3_S", "IQ2_S": "IQ3_S", "IQ3_XXS": "IQ3_S",
     "IQ3_S": "IQ3_S",
+    # ik_llama.cpp's own types (only its build loads them): the row-scaled KS types, and the IQn_K family
+    "IQ2_KS": "IQ2_KS", "IQ2_KL": "IQ2_KS", "IQ3_KS": "IQ3_KS", "IQ4_KS": "IQ4_KS", "IQ5_KS": "IQ5_KS",
+    "IQ2_K": "IQ4_K", "IQ3_K": "IQ4_K", "IQ4_K": "IQ4_K", "IQ5_K": "IQ4_K", "IQ6_K": "IQ4_K",
 }
 
 # the instruction sets with measured kernels (the profile's host.simd picks one; NEON has none)
@@ -55,28 +58,42 @@ def host_rate(own_kernel, type_name: str) -> float | None:
     return None
 
 
+def slice_kernel(build: str, isa: str | None, type_name: str, own_kernel=None) -> tuple | None:
+    """What one slice of a type runs at: ("host", bytes/s) where the profile measured its own host's rate (mainline's
+    kernels, and an ik slice that ik's own records lack; own_kernel: the machine's own_ggml_kernel), ("record",
+    build, measured type) for a measured kernel's record, None where neither has one."""
+    kernel = measured_kernel(build, isa, type_name)
+    ik_own = kernel is not None and kernel[0] == build != "ggml"  # ik's own measured kernel
+    on_host = None if ik_own else host_rate(own_kernel, type_name)
+    if on_host is not None:
+        return "host", on_host
+    return None if kernel is None else ("record", *kernel)
+
+
+def kernel_records(part_types, isa: str | None, build: str = "ggml", own_kernel=None) -> set[str]:
+    """The kernel records slices of these types read (slice_kernel): the engine's records_read."""
+    found = (slice_kernel(build, isa, str(t), own_kernel) for t in part_types)
+    return {ggml_kernel_record_id(k[1], isa, k[2]) for k in found if k is not None and k[0] == "record"}
+
+
 def expert_core_rate(part_bytes, part_types, isa: str | None, domain, notices: list[str],
                      build: str = "ggml", own_kernel=None) -> float | None:
     """One core's rate over one expert's slices (gate, up, down: bytes and types), bytes per second: the bytes over
-    the sum of each slice's time at its kernel's rate (build: "ggml" for mainline, "ik" for ik_llama.cpp). Mainline's
-    kernels run at the host's own measured rates where the profile has them (own_kernel: the machine's
-    own_ggml_kernel), and so does an ik slice that ik's own records lack; otherwise the records. None where a slice's
-    type or the profile's instruction set has no measurement: the machine's own expert-kernel figure then, said in a
-    notice."""
+    the sum of each slice's time at its kernel's rate (build: "ggml" for mainline, "ik" for ik_llama.cpp;
+    slice_kernel says which). None where a slice's type or the profile's instruction set has no measurement: the
+    machine's own expert-kernel figure then, said in a notice."""
     seconds = 0.0
     for n_bytes, type_name in zip(part_bytes, part_types):
-        kernel = measured_kernel(build, isa, str(type_name))
-        ik_own = kernel is not None and kernel[0] == build != "ggml"  # ik's own measured kernel
-        on_host = None if ik_own else host_rate(own_kernel, str(type_name))
-        if on_host is not None:
-            seconds += n_bytes / on_host
-            continue
+        kernel = slice_kernel(build, isa, str(type_name), own_kernel)
         if kernel is None:
             why = (f"no measured ggml CPU kernels for host.simd {isa or '(not set)'}" if isa not in MEASURED_ISAS
                    else f"no measured ggml CPU kernel for {type_name}")
             _notice(notices, f"{why}: the CPU expert matmul runs at the profile's host.expert_kernel_gbps per core")
             return None
-        kernel_build, measured = kernel
+        if kernel[0] == "host":
+            seconds += n_bytes / kernel[1]
+            continue
+        _, kernel_build, measured = kernel
         if kernel_build != build:
             _notice(notices, f"no measured {BUILD_NAMES[build]} CPU kernel for {type_name} on {isa}: mainline "
                              f"ggml's {measured} kernel stands in")

@@ -154,7 +154,7 @@ _GPT_OSS_KV = 8 * 64 * 2 * F16_BYTES
 
 
 def _embedding(vocab: int, hidden: int, type_name: str) -> int:
-    return tensor_bytes(type_name, vocab * hidden)
+    return tensor_bytes(type_name, vocab * hidden, hidden)
 
 
 def _gpt_oss(file_gib: float, layout, n_layers: int, active_params: float, source: str) -> FileWeights:

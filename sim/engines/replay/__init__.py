@@ -84,6 +84,9 @@ class Replay(Engine):
         return [SearchAxis(self.knobs[0], counts, True),
                 SearchAxis(self.knobs[1], candidates(policy, "lru", "lfu"), False)]
 
+    def unloadable_type(self, variant: str | None, tensor: str, qt) -> str | None:
+        return None  # a replay reads the routing and the experts' sizes only, whatever their type
+
     def runs(self, layout, compute_key: str | None) -> str | None:
         return "its routing is replayed through one cache: hit rates, no timing"
 
