@@ -6,8 +6,8 @@ projections, RoPE, the K/V writes, attention, the router's softmax and top-k, th
 weights that take under a microsecond to read, such a layer still took 44 us on an H100: every node has a floor, the
 GPU's own with CUDA graphs (one launch replays a split's kernels; ggml-cuda's default for one-token graphs,
 ggml-cuda.cu ggml_backend_cuda_graph_compute; HIP builds compile the same code with GGML_HIP_GRAPHS, on by default,
-ggml/CMakeLists.txt:216), the host's launch of each kernel without them (GGML_CUDA_DISABLE_GRAPHS set,
-ggml-cuda/common.cuh:1289); lines of llama.cpp@0c1e57098, the tree measured.
+ggml/CMakeLists.txt:216; off before #22254, 2026-04-23: an older ROCm build runs as GGML_CUDA_DISABLE_GRAPHS
+does), the host's launch of each kernel without them (GGML_CUDA_DISABLE_GRAPHS set, ggml-cuda/common.cuh:1289); lines of llama.cpp@0c1e57098, the tree measured.
 A layer whose experts are in host memory moves four of its nodes to the CPU (the three mul_mat_id and the SwiGLU) and
 pays for the split: the CPU backend's compute of those nodes, their thread barriers and the second GPU graph, on top
 of the two GPU<->CPU switches the machine prices (process.py).
