@@ -115,11 +115,8 @@ class LlamaCpp(Engine):
         knobs = Knobs.of(scenario, str(scenario.path or "scenario"))
         layout, host = scenario.layout, scenario.hardware_profile.host
         n = layout.n_routed_layers
-        on_cpu, whole = knobs.on_cpu[:n], knobs.whole_cpu[:n]
         types = part_types(layout)[:n]
-        computed = list(types[on_cpu]) + list(types[whole].ravel())
-        if not knobs.output_on_gpu:
-            computed += list(types[n - 1])
+        computed = [t for slices in knobs.cpu_computed(n).values() for i, mask in slices for t in types[i][mask]]
         own = host.own_ggml_kernel_types  # which slices run at the host's own rate, whatever that rate is
 
         def measured_here(type_name: str) -> float | None:
@@ -127,7 +124,7 @@ class LlamaCpp(Engine):
 
         kernels = kernel_records(computed, None if host.simd is None else host.simd.value,
                                  "ik" if knobs.variant.ik else "ggml", measured_here)
-        split = ("llamacpp-cpu-moe-split",) if on_cpu.any() else ()
+        split = ("llamacpp-cpu-moe-split",) if knobs.on_cpu[:n].any() else ()
         nodes = "llamacpp-gpu-node-graphs" if knobs.cuda_graphs else "llamacpp-gpu-node-launch"
         return (nodes, *split, *sorted(kernels))
 

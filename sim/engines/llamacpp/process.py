@@ -87,11 +87,11 @@ class LlamaCppProcess:
             return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices, build,
                                     machine.own_ggml_kernel)
 
-        everything = np.ones(3, bool)
-        self.cpu_core_rate = [core_rate(i, on_cpu[i]) if self.cpu_layer[i] else None for i in range(self.n_layers)]
-        self.whole_core_rate = [core_rate(i, everything) if self.whole_cpu[i] else None
-                                for i in range(self.n_layers)]
-        self.output_core_rate = None if knobs.output_on_gpu else core_rate(self.n_layers - 1, everything)
+        rates = {why: dict((i, core_rate(i, mask)) for i, mask in slices)
+                 for why, slices in knobs.cpu_computed(self.n_layers).items()}
+        self.cpu_core_rate = [rates["experts"].get(i) for i in range(self.n_layers)]
+        self.whole_core_rate = [rates["whole"].get(i) for i in range(self.n_layers)]
+        self.output_core_rate = rates["output"].get(self.n_layers - 1)
         self.layer_weight_bytes = layer_weight_bytes(weights, self.n_layers)
         self.output_bytes = weights.output_bytes
         # decode: a layer streams its share of the non-expert weights and its selected GPU-resident slices from VRAM,

@@ -280,6 +280,17 @@ class Knobs:
         """Routed layers that run whole on the CPU (-ngl)."""
         return int(self.whole_cpu.sum())
 
+    def cpu_computed(self, n_layers: int) -> dict[str, list[tuple[int, np.ndarray]]]:
+        """The expert slices the CPU computes in decode, as (layer, gate/up/down mask) by why: "experts", a layer's
+        host-resident slices; "whole", every slice of a layer -ngl leaves on the CPU; "output", the last layer's
+        when the output layer runs on the CPU. The one owner of that choice: the process prices these slices' kernels
+        and the engine's records_read names their records."""
+        everything = np.ones(len(EXPERT_PARTS), bool)
+        on_cpu = self.on_cpu[:n_layers]
+        return {"experts": [(i, on_cpu[i]) for i in range(n_layers) if on_cpu[i].any()],
+                "whole": [(int(i), everything) for i in np.flatnonzero(self.whole_cpu[:n_layers])],
+                "output": [] if self.output_on_gpu else [(n_layers - 1, everything)]}
+
     @property
     def pinned(self) -> bool:
         return self.host == "pinned"
