@@ -162,6 +162,18 @@ def _normal(name: str) -> str:
     return name.lower().replace(" ", "-").replace("_", "-")
 
 
+def with_engine_compute(engine, profile: HardwareProfile, layout: ModelLayout,
+                        model_class: str | None) -> HardwareProfile:
+    """The profile with the engine's derived compute figures for the model (Engine.derived_compute) under the model's
+    name, where it has no table of its own and the scenario names no model_class; else the profile as it is."""
+    if model_class is not None or (profile.compute_key(layout.name) or profile.compute_key(_normal(layout.name))):
+        return profile
+    derived = engine.derived_compute(layout, profile)
+    if derived is None:
+        return profile
+    return profile.model_copy(update={"compute": {**profile.compute, layout.name: derived}})
+
+
 def _resolve_compute(s: Scenario, profile: HardwareProfile, layout: ModelLayout, where: str) -> str:
     keys = ", ".join(profile.compute) or "none"
     if s.model_class is not None:
@@ -242,13 +254,15 @@ def load_scenario(path: str | Path, data: dict | None = None, profile_values: di
     scenario: Scenario = validate(where, Scenario, read_toml(file, where) if data is None else data)
     hw_path = resolve_hardware(scenario.hardware, base, where)
     profile = load_hardware_file(hw_path.resolve())
-    if profile_values:
-        profile = with_values(profile, profile_values)
     layout = _resolve_model(scenario.model, base, where)
     engine = ENGINES[scenario.engine.name]
     refused = refused_tensor(engine, layout, getattr(scenario.engine, "variant", None))
     if refused is not None:  # the file itself, before anything the engine would do with it
         raise InputError(where, "model", scenario.model, refused)
+    if engine.timed:  # before an uncertainty sample's values, which may set a derived figure too
+        profile = with_engine_compute(engine, profile, layout, scenario.model_class)
+    if profile_values:
+        profile = with_values(profile, profile_values)
     # an untimed engine needs no compute figures for the model
     compute_key = _resolve_compute(scenario, profile, layout, where) if engine.timed else None
     scenario._path = file.resolve()

@@ -258,10 +258,10 @@ def test_a_file_with_a_forks_own_types_is_refused_by_every_build_that_does_not_l
         if variant is not None:
             data["engine"]["variant"] = variant
         if (engine.name, variant) == ("llama.cpp", "ik") or not engine.timed:
-            try:  # the file loads (a timed run then wants the seed's box to hold GLM-5.1's compute figures)
+            try:  # the file loads; a later check may still refuse the seed's box (its compute figures, its RAM)
                 load_scenario(seed, data)
             except InputError as error:
-                assert "has no compute figures for model 'glm-5.1-iq3_ks'" in str(error), error
+                assert "own type" not in str(error) and "invalid ggml type" not in str(error), error
             continue
         with pytest.raises(InputError) as info:
             load_scenario(seed, data)

@@ -167,6 +167,7 @@ def scenario_init(
             *({"key": "--set", "value": f"{k} = {v}"} for k, v in written["settings"].items()),
             *({"key": "changed", "value": f"{k} = {v['value']}: {v['why']}"}
               for k, v in written["room_for_a_cache"].items()),
+            *([{"key": "compute", "value": written["compute_derived"]}] if written["compute_derived"] else []),
             {"key": "next", "value": f"expertsim run {written['path']} -o OUT"}]
     show(table(f"scenario written: {written['path']}", rows, ["key", "value"]), wide=wide)
     if written["warning"]:

@@ -217,6 +217,12 @@ class Engine(ABC):
         """Why this engine runs the model (scenario init's automatic choice), None when it does not."""
         return None
 
+    def derived_compute(self, layout, profile):
+        """Compute figures (a sim.hardware.Compute) for a model the hardware profile has no [compute] table for,
+        derived from the profile's other figures; None (the default): the engine runs only the models the profile
+        has figures for, and such a scenario is refused naming model_class."""
+        return None
+
     def scope(self) -> str:
         """What the engine runs, in a few words (scenario init's text when no engine runs a model)."""
         return self.description

@@ -42,7 +42,17 @@ def _file_from(ref: str, base: Path) -> Path | None:
     return path if is_file(path) else None
 
 
-def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, str]:
+def compute_key_for(engine, layout, profile, model_class: str | None) -> str | None:
+    """The [compute] table a scenario of this engine would use: model_class, else the profile's own for the model,
+    else the engine's derived one (scenario.with_engine_compute); None: none."""
+    from sim.scenario import with_engine_compute
+
+    if model_class:
+        return model_class
+    return with_engine_compute(engine, profile, layout, None).compute_key(layout.name)
+
+
+def choose_engine(engine: str, layout, profile, model_class: str | None) -> tuple[str, str]:
     """(engine, why) for --engine: as given, or for auto the first timed engine that runs the model (Engine.runs),
     else the untimed one, a replay of its routing."""
     if engine not in ENGINE_CHOICES:
@@ -51,13 +61,14 @@ def choose_engine(engine: str, layout, compute_key: str | None) -> tuple[str, st
         return engine, f"--engine {engine}"
     timed = [e for e in ENGINES.values() if e.timed]
     for candidate in timed:
+        compute_key = compute_key_for(candidate, layout, profile, model_class)
         why = candidate.runs(layout, compute_key)
         if why is not None and refused_tensor(candidate, layout,
                                               candidate.default_variant(layout, compute_key)) is None:
             return candidate.name, why
     fallback = next(e for e in ENGINES.values() if not e.timed)
     scopes = "; ".join(e.scope() for e in timed)
-    return fallback.name, f"no timed engine runs {layout.name} ({scopes}), so {fallback.runs(layout, compute_key)}"
+    return fallback.name, f"no timed engine runs {layout.name} ({scopes}), so {fallback.runs(layout, None)}"
 
 
 def generator_for(layout) -> str | None:
@@ -187,7 +198,7 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     from sim.hardware import load_hardware_file, resolve_hardware
     from sim.model.gguf_reader import layout_from_gguf
     from sim.model.presets import PRESETS, get_preset
-    from sim.scenario import Request, TraceSource, Workload, load_scenario
+    from sim.scenario import Request, TraceSource, Workload, load_scenario, with_engine_compute
 
     output = Path(output)
     folder = output.parent
@@ -204,10 +215,10 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     hardware_ref = reference(hardware, hardware_path, folder, hardware_from(folder))
     typed_class = next((spec.partition("=")[2].strip() for spec in settings
                         if spec.partition("=")[0].strip() == "model_class"), None)
-    compute_key = typed_class or profile.compute_key(layout.name)
     typed_engine = engine
-    engine, why = choose_engine(engine, layout, compute_key)
+    engine, why = choose_engine(engine, layout, profile, typed_class)
     spec = ENGINES[engine]
+    compute_key = compute_key_for(spec, layout, profile, typed_class)
     if not spec.variants and variant is not None:
         raise InputError("scenario init", "--variant", variant, f"{spec.description} has no variants")
     typed_variant, variant = variant, variant or spec.default_variant(layout, compute_key)
@@ -265,9 +276,15 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     title = (f"{notes.engine} {variant} serving {layout.name} on {profile.name}" if spec.timed
              else f"{spec.description} of {layout.name}'s routing, its cache sized for {profile.name}")
 
+    derived = None  # the engine's derived prompt figure where the profile has no table for the model
+    if spec.timed and compute_key is not None and compute_key not in profile.compute:
+        figure = with_engine_compute(spec, profile, layout, None).compute[compute_key].prefill_us_per_token_layer
+        derived = f"{figure.source.split('] ', 1)[1]}: {figure.derivation}"
+
     def header(warning: str | None) -> list[str]:
         covers = (f"Covers: a starting point to edit, written by `{shlex.join(command)}`. Engine {engine}: {why}. "
-                  "Each line keeps the engine's default unless its comment says it is set here; every key is in "
+                  + (f"Compute: {derived}. " if derived else "")
+                  + "Each line keeps the engine's default unless its comment says it is set here; every key is in "
                   "docs/reference/scenario-schema.md.")
         lines = [*comment_block(f"Scenario: {title}: one {prompt_tokens:,}-token prompt, then {decode_tokens:,} "
                                  "tokens of answer."),
@@ -316,4 +333,4 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
             "hardware": hardware_ref, "trace": scenario.trace.model_dump(exclude_unset=True),
             "workload": {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens}, "settings": overrides,
             "room_for_a_cache": {key: {"value": value, "why": reason} for key, (value, reason) in room.items()},
-            "warning": warning}
+            "compute_derived": derived, "warning": warning}

@@ -144,6 +144,11 @@ class LlamaCpp(Engine):
                 f"type {qt.ggml_id}. should be in [0, {MAINLINE_TYPE_COUNT})\"): {qt.name} is {qt.fork}'s own type; "
                 "run it with variant ik")
 
+    def derived_compute(self, layout, profile):
+        from sim.engines.llamacpp.weights import derived_compute
+
+        return derived_compute(layout, profile)
+
     def runs(self, layout, compute_key: str | None) -> str | None:
         from sim.engines.llamacpp.weights import file_weights
 

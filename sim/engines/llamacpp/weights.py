@@ -88,7 +88,8 @@ def _mla(layers: int, heads: int | None = None, active_params: float | None = No
     """DeepSeek's MLA as llama.cpp caches it: a 512-wide latent and 64 rope dims per token and layer (F16); a query
     scores 576 dims and reads 512 a head. Without the head count the prompt's attention is not priced."""
     if heads is None:
-        return Attention((512 + 64) * F16_BYTES, layers)
+        return Attention((512 + 64) * F16_BYTES, layers,
+                         active_params_per_layer=None if active_params is None else active_params / layers)
     return Attention((512 + 64) * F16_BYTES, layers, flops_per_position=2 * heads * (576 + 512),
                      active_params_per_layer=active_params / layers)
 
@@ -144,9 +145,10 @@ _FILES = {
                        "MLA in its 78 layers, 64 query heads (hardware-and-gguf.md §4: MLA + DSA), the MTP block not "
                        "run; 40 B active over 78 layers; vocabulary 154,880; the token embedding and output taken "
                        "at Q8_0 [E]; DSA's indexer not priced"),
-    "glm-4.7-flash": (17.1, 154_880, _mla(47), "Q4_K",
+    "glm-4.7-flash": (17.1, 154_880, _mla(47, active_params=3e9), "Q4_K",
                       "[M] GLM-4.7-Flash Q4_K_M 17.1 GiB (thecodacus/llama.cpp PR #6, llamacpp-engine.md §11 P22); its "
-                      "MLA heads are not held: the prompt's attention is not priced"),
+                      "MLA heads are not held: the prompt's attention is not priced; ~3 B active over 47 layers "
+                      "(hardware-and-gguf.md §4: 31B / 3B)"),
 }
 # gpt-oss: 64 query heads and 8 KV heads of 64, layers alternating a 128-token sliding window and full attention
 # (hardware-and-gguf.md §4); active parameters 3.6 B (20b) and 5.1 B (120b) over 24 and 36 layers (§4).
@@ -193,3 +195,39 @@ def file_weights(layout, where: str) -> FileWeights:
     raise InputError(where, "model", name, "llama.cpp is modelled for files whose non-expert weights are sourced: "
                                            f"the qwen3.8-flash-next packs, gpt-oss-20b, gpt-oss-120b, "
                                            f"{', '.join(_FILES)}")
+
+
+# The prompt figure a profile without the model's [compute] table gets: its DeepSeek-V4-Flash figure (every profile
+# has one) scaled by active parameters per token and layer, as the profiles' own derived tables are (rtx-4090.toml's
+# gpt-oss, rtx-2080-10900x.toml's qwen3-30b-a3b): V4-Flash's 13 B active over its 43 layers (hardware-and-gguf.md §4)
+REFERENCE_CLASS = "deepseek-v4-flash"
+REFERENCE_ACTIVE_PER_LAYER = 13e9 / 43
+
+
+def derived_compute(layout, profile):
+    """The compute figures of a file the profile has no table for (Engine.derived_compute): the prompt figure of
+    its DeepSeek-V4-Flash table times the file's active parameters per layer over V4-Flash's (a prompt's matmuls are
+    compute-bound), the same record and calibration flag, the range scaled alike; the per-chunk fixed cost (launches,
+    not parameters) as it is. None where the file's active parameters or the reference table are not held."""
+    from sim.hardware import Compute
+
+    try:
+        active = file_weights(layout, "model").attention.active_params_per_layer
+    except InputError:
+        return None
+    base = profile.compute.get(REFERENCE_CLASS)
+    if active is None or base is None:
+        return None
+    figure = base.prefill_us_per_token_layer
+    scale = active / REFERENCE_ACTIVE_PER_LAYER
+    value = figure.value * scale
+    derived = figure.model_copy(update={
+        "value": value,
+        "source": f"[E] derived by expertsim: the profile's {REFERENCE_CLASS} prompt figure scaled by active "
+                  f"parameters per token and layer, {layout.name} {active / 1e6:.1f} M against V4-Flash's "
+                  f"{REFERENCE_ACTIVE_PER_LAYER / 1e6:.1f} M (13 B / 43, hardware-and-gguf.md §4), the profile having no "
+                  f"compute table for {layout.name} (add compute.\"{layout.name}\" to it to use a measured figure)",
+        "derivation": f"{figure.value:g} us x {active / 1e6:.1f} M / {REFERENCE_ACTIVE_PER_LAYER / 1e6:.1f} M = "
+                      f"{value:.3f} us",
+        "range": None if figure.range is None else [bound * scale for bound in figure.range]})
+    return Compute(prefill_us_per_token_layer=derived, prefill_us_per_chunk_layer=base.prefill_us_per_chunk_layer)
