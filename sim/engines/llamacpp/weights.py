@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.errors import InputError
+from sim.hardware import Compute
 from sim.model.quant import tensor_bytes
 from sim.units import GIB, MIB
 
@@ -209,8 +210,6 @@ def derived_compute(layout, profile):
     its DeepSeek-V4-Flash table times the file's active parameters per layer over V4-Flash's (a prompt's matmuls are
     compute-bound), the same record and calibration flag, the range scaled alike; the per-chunk fixed cost (launches,
     not parameters) as it is. None where the file's active parameters or the reference table are not held."""
-    from sim.hardware import Compute
-
     try:
         active = file_weights(layout, "model").attention.active_params_per_layer
     except InputError:
