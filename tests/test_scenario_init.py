@@ -90,6 +90,28 @@ def test_a_file_only_ik_llama_cpp_loads_gets_its_build(tmp_path):
         assert (ENGINES["llama.cpp"].plan_memory(scenario).free_at_sizing_bytes >= 2**30) is fits
 
 
+def test_ik_starts_without_pinned_buffers_where_its_cpu_experts_exceed_the_ram(tmp_path):
+    """rtx-4090.toml's box has 64 GiB of RAM: the 75 MoE layers' experts ik must keep in host memory for the rest to
+    fit the 24 GB card (~299 GiB) cannot be read into pinned CUDA_Host buffers, and ik drops the file mapping for
+    overridden tensors while pinning is on (llamacpp-engine.md §7), so the load would fail. The start sets
+    GGML_CUDA_NO_PINNED=1 beside --n-cpu-moe, ik keeps the mapping, and the run reads the experts through the page
+    cache. A user's own pinning setting is kept, with the refusal as the warning."""
+    written = strict_json(expertsim("scenario", "init", "--model", "glm-5.1-iq3_ks", "--hardware", "rtx-4090", *SHORT,
+                                    "-o", "glm.toml", "--json", cwd=tmp_path).stdout)
+    assert written["warning"] is None, written["warning"]
+    changed = written["room_for_a_cache"]
+    assert list(changed) == ["engine.flags.n-cpu-moe", "engine.env.GGML_CUDA_NO_PINNED"]
+    assert changed["engine.env.GGML_CUDA_NO_PINNED"]["value"] == "1"
+    assert "pinned CUDA_Host fails" in changed["engine.env.GGML_CUDA_NO_PINNED"]["why"]
+    scenario = load_scenario(tmp_path / "glm.toml")
+    plan = ENGINES["llama.cpp"].plan_memory(scenario)
+    assert plan.why_no_cache is None and "file mapping" in plan.notices[0]
+    kept = strict_json(expertsim("scenario", "init", "--model", "glm-5.1-iq3_ks", "--hardware", "rtx-4090", *SHORT,
+                                 "--set", "engine.env.GGML_CUDA_NO_PINNED=0", "-o", "kept.toml", "--json",
+                                 cwd=tmp_path).stdout)
+    assert list(kept["room_for_a_cache"]) == ["engine.flags.n-cpu-moe"] and "pinned CUDA_Host" in kept["warning"]
+
+
 RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
 
 

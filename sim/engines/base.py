@@ -246,10 +246,11 @@ class Engine(ABC):
         """[engine.flags] a starting scenario must set (no default): key -> (value, why)."""
         return {}
 
-    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[str, str, str] | None:
+    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[tuple[str, Any, str], ...]:
         """scenario init's way out where the engine's defaults leave no expert cache on the card (plan.why_no_cache):
-        a setting of plan.knob that gives one, as (dotted key, value, why), or None when the engine has none."""
-        return None
+        the settings that give one and let the engine start with it, each as (dotted key, value, why), plan.knob's
+        first; none when the engine has no way out."""
+        return ()
 
     def one_pass(self, table: dict) -> str | None:
         """A knob whose values this engine computes in one pass for the settings of this [engine] table (valid

@@ -308,9 +308,9 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
         room = {}  # a default changed so that the engine has an expert cache on this card: key -> (value, why)
         try:
             plan = spec.plan_memory(scenario)
-            way_out = spec.room_for_a_cache(scenario, plan) if plan.knob not in overrides else None
-            if way_out is not None:  # start from a setting that works, and say which default it changed and why
-                key, value, reason = way_out
+            ways_out = spec.room_for_a_cache(scenario, plan) if plan.knob not in overrides else ()
+            ways_out = [way for way in ways_out if way[0] not in overrides]
+            for key, value, reason in ways_out:  # start from settings that work; say which defaults changed and why
                 *tables, leaf = _parts(key)
                 node = full
                 for part in tables:
@@ -319,6 +319,7 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
                 notes.what[_parts(key)] = reason
                 notes.started.add(_parts(key))
                 room[key] = (value, reason)
+            if ways_out:
                 temporary.write_text(_render_scenario(header(None), full, notes, changed), encoding="utf-8")
                 scenario = load_scenario(temporary)
                 plan = spec.plan_memory(scenario)

@@ -73,11 +73,11 @@ class Ds4(Engine):
             domain = Domain(self.name, scenario.layout.name, scenario.hardware_profile.name, knobs.ctx)
         return plan_memory(scenario, knobs, Layers.of(scenario.layout, knobs.mtp), domain, where)
 
-    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[str, str, str] | None:
+    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[tuple[str, str, str], ...]:
         """The reserve as the whole GiB that holds one layer of the largest class's experts: the compact staging a
         prompt chunk grows to (nearly every expert of a layer, ds4-engine.md §1.7), which the reserve is there to
         leave room for (#780 and #732: prefill OOMs on 12 GB cards). None where that is no smaller than the
-        reserve that left no cache."""
+        reserve that left no cache (then none)."""
         import math
 
         from sim.engines.ds4.geometry import Layers
@@ -87,11 +87,11 @@ class Ds4(Engine):
         layers = Layers.of(scenario.layout, knobs.mtp)
         staging_gib = math.ceil(layers.n_experts * max(layers.class_bytes) / GIB)
         if plan.why_no_cache is None or staging_gib * GIB >= knobs.reserve_bytes:
-            return None
-        return (KEY_RESERVE, str(staging_gib),
-                f"set here: ds4's default reserve ({DEFAULT_VRAM_RESERVE_GIB} GiB, at most VRAM / 2) leaves no expert "
-                f"cache on this card; {staging_gib} GiB holds the staging of one layer's {layers.n_experts} experts "
-                f"of its largest class, what a prompt chunk grows to (ds4-engine.md §1.7)")
+            return ()
+        return ((KEY_RESERVE, str(staging_gib),
+                 f"set here: ds4's default reserve ({DEFAULT_VRAM_RESERVE_GIB} GiB, at most VRAM / 2) leaves no expert "
+                 f"cache on this card; {staging_gib} GiB holds the staging of one layer's {layers.n_experts} experts "
+                 f"of its largest class, what a prompt chunk grows to (ds4-engine.md §1.7)"),)
 
     def search_space(self, data: dict) -> list[SearchAxis]:
         return search.search_space(data)

@@ -73,11 +73,15 @@ class LlamaCpp(Engine):
         where = str(scenario.path or "scenario")
         return plan_memory(scenario, Knobs.of(scenario, where), where)
 
-    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[str, int, str] | None:
+    def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[tuple[str, object, str], ...]:
         """Where the default placement does not fit the card (every expert on the GPU: ik_llama.cpp has no --fit),
         the fewest MoE layers whose experts --n-cpu-moe keeps in host RAM for the rest to fit with mainline --fit's
-        1 GiB spare: ik's --n-cpu-moe takes the last N, the layers --fit gives up first (vram.fit_placement). None
-        where the placement fits, mainline places its own (--fit), or even every expert on the CPU does not fit."""
+        1 GiB spare: ik's --n-cpu-moe takes the last N, the layers --fit gives up first (vram.fit_placement). ik
+        reads the tensors it overrides into pinned CUDA_Host buffers while pinning is on, dropping the file mapping
+        (§7); where those exceed the RAM the load fails (memory.plan_memory), and GGML_CUDA_NO_PINNED=1 keeps the
+        mapping, the page cache holding what fits. None where the placement fits, mainline places its own (--fit),
+        or even every expert on the CPU does not fit."""
+        from sim.engines.llamacpp.memory import plan_memory
         from sim.engines.llamacpp.vram import FIT_MARGIN_BYTES, fit_placement, vram_allocations
         from sim.engines.llamacpp.weights import file_weights
         from sim.units import GIB
@@ -86,19 +90,32 @@ class LlamaCpp(Engine):
         knobs = Knobs.of(scenario, where)
         layout, profile = scenario.layout, scenario.hardware_profile
         if plan.why_no_cache is None or not knobs.variant.ik or knobs.on_cpu.any() or knobs.places_layers:
-            return None
+            return ()
         on_cpu = fit_placement(layout, profile, knobs.ctx, knobs.ubatch, knobs.op_offload, where)
         used = sum(a.bytes for a in vram_allocations(layout, profile, file_weights(layout, where), on_cpu, knobs.ctx,
                                                      knobs.ubatch, knobs.op_offload))
         if used + FIT_MARGIN_BYTES > profile.vram_bytes:
-            return None
+            return ()
         n_cpu = int(on_cpu.any(axis=1).sum())
         every = sum(a.bytes for a in plan.allocations if a.pool == "vram")
-        return (KEY_NCMOE, n_cpu,
-                f"set here: every expert on the GPU needs {every / GIB:.1f} GiB of its {profile.vram_bytes / GIB:.1f}; "
-                f"the last {n_cpu} of {len(on_cpu)} MoE layers' experts in host RAM leave "
-                f"{(profile.vram_bytes - used) / GIB:.1f} GiB spare (>= {FIT_MARGIN_BYTES // GIB} GiB, mainline "
-                "--fit's margin)")
+        placed = (KEY_NCMOE, n_cpu,
+                  f"set here: every expert on the GPU needs {every / GIB:.1f} GiB of its {profile.vram_bytes / GIB:.1f}; "
+                  f"the last {n_cpu} of {len(on_cpu)} MoE layers' experts in host RAM leave "
+                  f"{(profile.vram_bytes - used) / GIB:.1f} GiB spare (>= {FIT_MARGIN_BYTES // GIB} GiB, mainline "
+                  "--fit's margin)")
+        flags = scenario.engine.flags
+        engine = scenario.engine.model_copy(update={"flags": flags.model_copy(update={"n_cpu_moe": n_cpu})})
+        proposed = scenario.model_copy(update={"engine": engine})
+        placed_knobs = Knobs.of(proposed, where)
+        if not placed_knobs.pinned or flags.no_mmap or flags.run_time_repack:
+            return (placed,)
+        try:
+            plan_memory(proposed, placed_knobs, where)
+        except InputError as refusal:  # the pinned buffers exceed the RAM
+            return (placed, ("engine.env.GGML_CUDA_NO_PINNED", "1",
+                             f"set here: {refusal.why.split(': keep the file mapping')[0]}; without pinned buffers ik "
+                             "keeps the file mapping, the page cache holding what RAM allows"))
+        return (placed,)
 
     def search_space(self, data: dict) -> list[SearchAxis]:
         from sim.model.presets import PRESETS
