@@ -67,6 +67,7 @@ class CtrlC:
         self.closing = False
         self._redelivery: threading.Timer | None = None
         self._on_its_way = threading.Event()  # a redelivery sent and not yet taken by the handler
+        self._in_hook = False  # _redeliver is running
         self._previous_handlers = {signum: signal.signal(signum, self._interrupt) for signum in STOP_SIGNALS}
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._redeliver
@@ -74,6 +75,8 @@ class CtrlC:
     def _interrupt(self, signum, frame):
         self._on_its_way.clear()
         if self.closing or isinstance(sys.exception(), Interrupted):
+            return
+        if self._in_hook:  # raised here it would be dropped too; the redelivery being set up delivers it
             return
         raise Interrupted(signum)
 
@@ -84,7 +87,12 @@ class CtrlC:
 
     def _send_again(self) -> None:
         self._on_its_way.set()
-        os.kill(os.getpid(), self.dropped_signum)
+        # to the main thread, where Python runs the handler: a signal sent to the process may be taken by this
+        # timer's thread, and a main thread asleep would then run the handler only when its sleep ends
+        if hasattr(signal, "pthread_kill"):
+            signal.pthread_kill(threading.main_thread().ident, self.dropped_signum)
+        else:
+            os.kill(os.getpid(), self.dropped_signum)
 
     def _redeliver(self, unraisable) -> None:
         if not isinstance(unraisable.exc_value, Interrupted):
@@ -92,8 +100,15 @@ class CtrlC:
             return
         self.dropped = True
         self.dropped_signum = unraisable.exc_value.signum
-        self._redelivery = threading.Timer(REDELIVER_S, self._send_again)
-        self._redelivery.start()
+        # starting the timer waits for its thread, and Python runs a pending handler there: an Interrupted raised
+        # inside this hook would be dropped as well (a CI run printed "Exception ignored in sys.unraisablehook"
+        # and lost the Ctrl-C), so _interrupt leaves it to this redelivery
+        self._in_hook = True
+        try:
+            self._redelivery = threading.Timer(REDELIVER_S, self._send_again)
+            self._redelivery.start()
+        finally:
+            self._in_hook = False
 
     def restore(self) -> None:
         """The previous handler and hook back, after any redelivery: one not yet sent is not sent, one sent is
