@@ -79,9 +79,9 @@ class LlamaCpp(Engine):
         1 GiB spare: ik's --n-cpu-moe takes the last N, the layers --fit gives up first (vram.fit_placement). ik
         reads the tensors it overrides into pinned CUDA_Host buffers while pinning is on, dropping the file mapping
         (§7); where those exceed the RAM the load fails (memory.plan_memory), and GGML_CUDA_NO_PINNED=1 keeps the
-        mapping, the page cache holding what fits. None where the placement fits, mainline places its own (--fit),
-        or even every expert on the CPU does not fit."""
-        from sim.engines.llamacpp.memory import plan_memory
+        mapping, the page cache holding what fits. Nothing where the placement fits, mainline places its own
+        (--fit), or even every expert on the CPU does not fit."""
+        from sim.engines.llamacpp.memory import KEEP_THE_MAPPING, plan_memory
         from sim.engines.llamacpp.vram import FIT_MARGIN_BYTES, fit_placement, vram_allocations
         from sim.engines.llamacpp.weights import file_weights
         from sim.units import GIB
@@ -99,10 +99,10 @@ class LlamaCpp(Engine):
         n_cpu = int(on_cpu.any(axis=1).sum())
         every = sum(a.bytes for a in plan.allocations if a.pool == "vram")
         placed = (KEY_NCMOE, n_cpu,
-                  f"set here: every expert on the GPU needs {every / GIB:.1f} GiB of its {profile.vram_bytes / GIB:.1f}; "
-                  f"the last {n_cpu} of {len(on_cpu)} MoE layers' experts in host RAM leave "
-                  f"{(profile.vram_bytes - used) / GIB:.1f} GiB spare (>= {FIT_MARGIN_BYTES // GIB} GiB, mainline "
-                  "--fit's margin)")
+                  f"set here: every expert on the GPU needs {every / GIB:.1f} GiB of its "
+                  f"{profile.vram_bytes / GIB:.1f}; the last {n_cpu} of {len(on_cpu)} MoE layers' experts in host "
+                  f"RAM leave {(profile.vram_bytes - used) / GIB:.1f} GiB spare (>= {FIT_MARGIN_BYTES // GIB} GiB, "
+                  "mainline --fit's margin)")
         flags = scenario.engine.flags
         engine = scenario.engine.model_copy(update={"flags": flags.model_copy(update={"n_cpu_moe": n_cpu})})
         proposed = scenario.model_copy(update={"engine": engine})
@@ -113,8 +113,8 @@ class LlamaCpp(Engine):
             plan_memory(proposed, placed_knobs, where)
         except InputError as refusal:  # the pinned buffers exceed the RAM
             return (placed, ("engine.env.GGML_CUDA_NO_PINNED", "1",
-                             f"set here: {refusal.why.split(': keep the file mapping')[0]}; without pinned buffers ik "
-                             "keeps the file mapping, the page cache holding what RAM allows"))
+                             f"set here: {refusal.why.removesuffix(': ' + KEEP_THE_MAPPING)}; without pinned "
+                             "buffers ik keeps the file mapping, the page cache holding what RAM allows"))
         return (placed,)
 
     def search_space(self, data: dict) -> list[SearchAxis]:

@@ -20,6 +20,8 @@ from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
 from sim.units import GIB
 
+# the way out of a host buffer that exceeds the RAM, the end of that refusal's text (scenario init takes it for ik)
+KEEP_THE_MAPPING = "keep the file mapping (mainline's default; GGML_CUDA_NO_PINNED=1 on ik_llama.cpp)"
 HOST_WORDS = {"mapped": "file mapping, pageable", "pinned": "pinned CUDA_Host buffer", "ram": "pageable RAM buffer"}
 
 
@@ -56,8 +58,7 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
             raise InputError(where, "engine.flags", f"CPU experts in {kind}",
                              f"llama.cpp would fail to load: reading {(cpu_bytes + host['cpu_weights']) / GIB:.2f} "
                              f"GiB of weights into "
-                             f"{kind} {failure} with {available / GIB:.2f} GiB of RAM available: keep the file "
-                             "mapping (mainline's default; GGML_CUDA_NO_PINNED=1 on ik_llama.cpp)")
+                             f"{kind} {failure} with {available / GIB:.2f} GiB of RAM available: {KEEP_THE_MAPPING}")
     notices = [f"experts in host memory: {cpu_bytes / GIB:.2f} GiB ({HOST_WORDS[knobs.host]}), on the GPU: "
                f"{gpu_expert_bytes / GIB:.2f} GiB"]
     if knobs.places_layers:

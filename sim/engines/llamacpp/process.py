@@ -87,7 +87,7 @@ class LlamaCppProcess:
             return expert_core_rate(parts[layer][mask], types[layer][mask], isa, domain, self.notices, build,
                                     machine.own_ggml_kernel)
 
-        rates = {why: dict((i, core_rate(i, mask)) for i, mask in slices)
+        rates = {why: {i: core_rate(i, mask) for i, mask in slices}
                  for why, slices in knobs.cpu_computed(self.n_layers).items()}
         self.cpu_core_rate = [rates["experts"].get(i) for i in range(self.n_layers)]
         self.whole_core_rate = [rates["whole"].get(i) for i in range(self.n_layers)]

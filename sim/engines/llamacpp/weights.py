@@ -224,8 +224,9 @@ def derived_compute(layout, profile):
         "value": value,
         "source": f"[E] derived by expertsim: the profile's {REFERENCE_CLASS} prompt figure scaled by active "
                   f"parameters per token and layer, {layout.name} {active / 1e6:.1f} M against V4-Flash's "
-                  f"{REFERENCE_ACTIVE_PER_LAYER / 1e6:.1f} M (13 B / 43, hardware-and-gguf.md §4), the profile having no "
-                  f"compute table for {layout.name} (add compute.\"{layout.name}\" to it to use a measured figure)",
+                  f"{REFERENCE_ACTIVE_PER_LAYER / 1e6:.1f} M (13 B / 43, hardware-and-gguf.md §4), the profile "
+                  f"having no compute table for {layout.name} (add compute.\"{layout.name}\" to it to use a "
+                  "measured figure)",
         "derivation": f"{figure.value:g} us x {active / 1e6:.1f} M / {REFERENCE_ACTIVE_PER_LAYER / 1e6:.1f} M = "
                       f"{value:.3f} us",
         "range": None if figure.range is None else [bound * scale for bound in figure.range]})
