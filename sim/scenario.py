@@ -162,13 +162,20 @@ def _normal(name: str) -> str:
     return name.lower().replace(" ", "-").replace("_", "-")
 
 
+def engine_compute(engine, profile: HardwareProfile, layout: ModelLayout, model_class: str | None):
+    """The engine's derived compute figures for the model (Engine.derived_compute, a sim.hardware.Compute) where the
+    profile has no table of its own and the scenario names no model_class; None where the profile's own (or none)
+    apply."""
+    if model_class is not None or (profile.compute_key(layout.name) or profile.compute_key(_normal(layout.name))):
+        return None
+    return engine.derived_compute(layout, profile)
+
+
 def with_engine_compute(engine, profile: HardwareProfile, layout: ModelLayout,
                         model_class: str | None) -> HardwareProfile:
-    """The profile with the engine's derived compute figures for the model (Engine.derived_compute) under the model's
-    name, where it has no table of its own and the scenario names no model_class; else the profile as it is."""
-    if model_class is not None or (profile.compute_key(layout.name) or profile.compute_key(_normal(layout.name))):
-        return profile
-    derived = engine.derived_compute(layout, profile)
+    """The profile with the engine's derived compute figures (engine_compute) under the model's name, where there are
+    any; else the profile as it is."""
+    derived = engine_compute(engine, profile, layout, model_class)
     if derived is None:
         return profile
     return profile.model_copy(update={"compute": {**profile.compute, layout.name: derived}})

@@ -71,6 +71,6 @@ def test_scenario_init_starts_llama_cpp_on_the_derived_figure_and_says_so(tmp_pa
     written = strict_json(expertsim("scenario", "init", "--model", "qwen3-30b-a3b-q4_k_m", "--hardware", "rtx-4090",
                                     *SHORT, "-o", "q.toml", "--json", cwd=tmp_path).stdout)
     assert written["engine"] == "llama.cpp" and "12.02 us x 62.5 M / 302.3 M" in written["compute_derived"]
-    assert "Compute: derived by expertsim" in (tmp_path / "q.toml").read_text()
+    assert "Compute: [E] derived by expertsim" in (tmp_path / "q.toml").read_text()
     summary = strict_json(expertsim("run", "q.toml", "--json", cwd=tmp_path).stdout)
     assert summary["prefill_tok_s"] > 0 and summary["decode_tok_s"] > 0

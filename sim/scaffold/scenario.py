@@ -42,14 +42,16 @@ def _file_from(ref: str, base: Path) -> Path | None:
     return path if is_file(path) else None
 
 
-def compute_key_for(engine, layout, profile, model_class: str | None) -> str | None:
-    """The [compute] table a scenario of this engine would use: model_class, else the profile's own for the model,
-    else the engine's derived one (scenario.with_engine_compute); None: none."""
-    from sim.scenario import with_engine_compute
+def compute_for(engine, layout, profile, model_class: str | None) -> tuple[str | None, object]:
+    """(key, derived): the [compute] table a scenario of this engine would use (model_class, else the profile's own
+    for the model, else the engine's derived one under the model's name; None: none) and, where it is the engine's,
+    its figures (scenario.engine_compute; else None)."""
+    from sim.scenario import engine_compute
 
     if model_class:
-        return model_class
-    return with_engine_compute(engine, profile, layout, None).compute_key(layout.name)
+        return model_class, None
+    derived = engine_compute(engine, profile, layout, None)
+    return (layout.name, derived) if derived is not None else (profile.compute_key(layout.name), None)
 
 
 def choose_engine(engine: str, layout, profile, model_class: str | None) -> tuple[str, str]:
@@ -61,7 +63,7 @@ def choose_engine(engine: str, layout, profile, model_class: str | None) -> tupl
         return engine, f"--engine {engine}"
     timed = [e for e in ENGINES.values() if e.timed]
     for candidate in timed:
-        compute_key = compute_key_for(candidate, layout, profile, model_class)
+        compute_key, _ = compute_for(candidate, layout, profile, model_class)
         why = candidate.runs(layout, compute_key)
         if why is not None and refused_tensor(candidate, layout,
                                               candidate.default_variant(layout, compute_key)) is None:
@@ -198,7 +200,7 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     from sim.hardware import load_hardware_file, resolve_hardware
     from sim.model.gguf_reader import layout_from_gguf
     from sim.model.presets import PRESETS, get_preset
-    from sim.scenario import Request, TraceSource, Workload, load_scenario, with_engine_compute
+    from sim.scenario import Request, TraceSource, Workload, load_scenario
 
     output = Path(output)
     folder = output.parent
@@ -218,7 +220,7 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
     typed_engine = engine
     engine, why = choose_engine(engine, layout, profile, typed_class)
     spec = ENGINES[engine]
-    compute_key = compute_key_for(spec, layout, profile, typed_class)
+    compute_key, derived_figures = compute_for(spec, layout, profile, typed_class)
     if not spec.variants and variant is not None:
         raise InputError("scenario init", "--variant", variant, f"{spec.description} has no variants")
     typed_variant, variant = variant, variant or spec.default_variant(layout, compute_key)
@@ -277,9 +279,9 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
              else f"{spec.description} of {layout.name}'s routing, its cache sized for {profile.name}")
 
     derived = None  # the engine's derived prompt figure where the profile has no table for the model
-    if spec.timed and compute_key is not None and compute_key not in profile.compute:
-        figure = with_engine_compute(spec, profile, layout, None).compute[compute_key].prefill_us_per_token_layer
-        derived = f"{figure.source.split('] ', 1)[1]}: {figure.derivation}"
+    if spec.timed and derived_figures is not None:
+        figure = derived_figures.prefill_us_per_token_layer
+        derived = f"{figure.source}: {figure.derivation}"
 
     def header(warning: str | None) -> list[str]:
         covers = (f"Covers: a starting point to edit, written by `{shlex.join(command)}`. Engine {engine}: {why}. "
