@@ -247,6 +247,16 @@ def _check_workload(s: Scenario, where: str) -> None:
         context[r.conversation] = r.prompt_tokens + r.decode_tokens
 
 
+def _refuse_a_case(raw: dict, where: str) -> None:
+    """A validation case (scenarios/validation/: id, [scenario], [[arms]], [[measured]]) given where a scenario is
+    read: say what runs it, rather than list the scenario keys its [scenario] table holds one level down."""
+    if "arms" in raw and "measured" in raw:
+        case = raw.get("id", Path(where).stem)
+        raise InputError(where, "id", case, f"a validation case, not a scenario: `expertsim validate --case {case}` "
+                                            "runs its arms against its measurements; its [scenario] table (or the "
+                                            "file its base names) is the scenario its arms change")
+
+
 def load_scenario(path: str | Path, data: dict | None = None, profile_values: dict | None = None) -> Scenario:
     """Read, validate and resolve a scenario file; any defect is a one-line InputError.
 
@@ -258,7 +268,9 @@ def load_scenario(path: str | Path, data: dict | None = None, profile_values: di
     file = Path(path)
     require_regular_file(file, where, "a scenario file")
     base = file.resolve().parent
-    scenario: Scenario = validate(where, Scenario, read_toml(file, where) if data is None else data)
+    raw = read_toml(file, where) if data is None else data
+    _refuse_a_case(raw, where)
+    scenario: Scenario = validate(where, Scenario, raw)
     hw_path = resolve_hardware(scenario.hardware, base, where)
     profile = load_hardware_file(hw_path.resolve())
     layout = _resolve_model(scenario.model, base, where)

@@ -129,6 +129,10 @@ def test_trace_stats_json(small_trace):
     (["trace", "import", "no-such.jsonl", "-o", "x.parquet"], "no-such.jsonl"),
     (["bench", "--quick", "--scenario", "no-such.toml"], "no-such.toml"),
     (["bench", "--quick", "--tokens", "0"], "--tokens"),  # issue 34: accepted before
+    # a validation case where a scenario goes: "hardware = (missing)" before, a key the file has one level down
+    (["run", "scenarios/validation/L10.toml", "--set", "engine.flags.threads=2"], "validate --case L10"),
+    (["sweep", "scenarios/validation/L10.toml", "--grid", "engine.flags.threads=1,2", "-o", "sweep-out"],
+     "validate --case L10"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     proc = expertsim(*args, check=False)

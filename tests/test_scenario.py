@@ -485,3 +485,14 @@ def test_fuzz_every_number_of_every_scenario_refuses_what_no_setting_has(case, b
     message = str(info.value)
     dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
     assert "\n" not in message and dotted in message, (dotted, message)
+
+
+@pytest.mark.parametrize("case", ["L10", "S4"])
+def test_a_validation_case_given_as_a_scenario_says_what_runs_it(case):
+    """A case file nests its scenario one level down: read as a scenario it used to fail on `hardware = (missing)`,
+    which names a key the file has."""
+    path = ROOT / "scenarios" / "validation" / f"{case}.toml"
+    with pytest.raises(InputError) as refused:
+        load_scenario(path)
+    assert refused.value.field == "id" and refused.value.value == case
+    assert f"expertsim validate --case {case}" in refused.value.why
