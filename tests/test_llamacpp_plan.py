@@ -201,7 +201,7 @@ def test_fit_keeps_the_last_layers_experts_on_the_cpu_until_the_rest_fits():
 
     def load(**flags):
         data = tomllib.loads(SEED.read_text())
-        data["engine"]["flags"] = flags
+        data["engine"]["flags"] = {"ctx-size": 8192, **flags}  # the seed's 4,096-token prompt
         data["workload"]["requests"] = [{"prompt_tokens": 1024, "decode_tokens": 64}]
         return load_scenario(SEED, data)
 
@@ -262,3 +262,26 @@ def test_n_gpu_layers_moves_weights_and_kv_from_vram_to_host_memory():
     moved_weights = int((weights.gpu_bytes - weights.output_bytes) / 48 * 9)
     assert vram(every) - vram(nine) == moved_weights + int(cache * 9 / 48)
     assert "-ngl: blocks 0-8 run whole on the CPU, the output layer on the GPU" in nine.notices[-1]
+
+
+@pytest.mark.parametrize("model, flags, knob, part", [
+    (None, {"n-cpu-moe": 0, "fit": "off"}, "engine.flags.n-cpu-moe", "expert tensors on the GPU"),  # 46.9 GiB
+    # every expert on the CPU; then a compute buffer of 65,536 positions' logits (151,936 x 4 B each), or the K/V of
+    # ten million positions in each of Qwen3-30B-A3B's 48 full-attention layers (Qwen3.8's 12 keep a window)
+    (None, {"cpu-moe": True, "ctx-size": 65_536, "batch-size": 65_536, "ubatch-size": 65_536},
+     "engine.flags.ubatch-size", "compute buffer"),
+    ("qwen3-30b-a3b-q4_k_m", {"cpu-moe": True, "ctx-size": 10_000_000}, "engine.flags.ctx-size", "K/V cache"),
+])
+def test_a_load_the_gpu_refuses_names_the_setting_that_shrinks_its_largest_part(model, flags, knob, part):
+    """Before, every refusal named --n-cpu-moe (as 'n-cpu-moe = None' when it was not set), even when a context of
+    ten million positions took the card."""
+    from sim.simulate import run_scenario
+
+    data = tomllib.loads(SEED.read_text())
+    data["engine"]["flags"] = {"ctx-size": 8192, **flags}  # the seed's 4,096-token prompt
+    if model:
+        data["model"], data["trace"]["generator"] = model, model
+    with pytest.raises(InputError) as caught:
+        run_scenario(load_scenario(SEED, data))
+    assert caught.value.field == knob and f"the largest part {part}" in caught.value.why
+    assert caught.value.value == flags[knob.removeprefix("engine.flags.")]

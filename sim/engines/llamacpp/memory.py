@@ -14,14 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.engines.base import Allocation, MemoryPlan
-from sim.engines.llamacpp.settings import KEY_NCMOE, Knobs
-from sim.engines.llamacpp.vram import part_bytes, split_by_device, vram_allocations
+from sim.engines.llamacpp.settings import KEY_CTX, KEY_NCMOE, KEY_NGL, KEY_UBATCH, Knobs
+from sim.engines.llamacpp.vram import (COMPUTE_BUFFER, KV_CACHE, NON_EXPERT_WEIGHTS, part_bytes, split_by_device,
+                                       vram_allocations)
 from sim.engines.llamacpp.weights import file_weights
 from sim.errors import InputError
 from sim.units import GIB
 
 # the way out of a host buffer that exceeds the RAM, the end of that refusal's text (scenario init takes it for ik)
 KEEP_THE_MAPPING = "keep the file mapping (mainline's default; GGML_CUDA_NO_PINNED=1 on ik_llama.cpp)"
+# the way out of a load the GPU refuses, by its largest part: the setting that shrinks it first (the plan's knob)
+WAYS_OUT = {
+    KV_CACHE: (KEY_CTX, "lower --ctx-size, or put more expert layers on the CPU (--n-cpu-moe)"),
+    COMPUTE_BUFFER: (KEY_UBATCH, "lower --ubatch-size, or put more expert layers on the CPU (--n-cpu-moe)"),
+    NON_EXPERT_WEIGHTS: (KEY_NGL, "keep fewer layers on the GPU (--n-gpu-layers): their experts on the CPU free "
+                                  "less than their other weights take"),
+}
+PUT_EXPERTS_ON_THE_CPU = (KEY_NCMOE, "put more expert layers on the CPU (--n-cpu-moe), or lower --ctx-size / "
+                                     "--ubatch-size")
 HOST_WORDS = {"mapped": "file mapping, pageable", "pinned": "pinned CUDA_Host buffer", "ram": "pageable RAM buffer"}
 
 
@@ -40,11 +50,13 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
     allocations = vram_allocations(layout, profile, weights, knobs.on_cpu, knobs.ctx, knobs.ubatch, knobs.op_offload,
                                    host)
     vram_used = sum(a.bytes for a in allocations)
-    why = None
+    why, knob = None, KEY_NCMOE
     if vram_used > profile.vram_bytes:
+        largest = max(allocations, key=lambda a: a.bytes)
+        knob, way_out = WAYS_OUT.get(largest.name, PUT_EXPERTS_ON_THE_CPU)
         why = (f"llama.cpp would fail to load: CUDA error: out of memory ({vram_used / GIB:.2f} GiB of "
-               f"{profile.vram_bytes / GIB:.2f} GiB): put more expert layers on the CPU (--n-cpu-moe), or lower "
-               "--ctx-size / --ubatch-size")
+               f"{profile.vram_bytes / GIB:.2f} GiB, the largest part {largest.name} {largest.bytes / GIB:.2f} GiB): "
+               f"{way_out}")
     if host["cpu_cache"]:  # the K/V of the layers on the CPU is allocated in host RAM (-ngl)
         allocations.append(Allocation("ram", "K/V cache of the CPU layers", host["cpu_cache"]))
     if knobs.host != "mapped" and cpu_bytes:
@@ -67,5 +79,5 @@ def plan_memory(scenario, knobs: Knobs, where: str) -> LlamaMemory:
         notices.append(f"-ngl: {blocks}, the output layer on the {'GPU' if knobs.output_on_gpu else 'CPU'}; "
                        f"{host['cpu_weights'] / GIB:.2f} GiB of their other weights and "
                        f"{host['cpu_cache'] / GIB:.2f} GiB of K/V in host memory")
-    return LlamaMemory(tuple(allocations), profile.vram_bytes - vram_used, why, KEY_NCMOE, notices=tuple(notices),
+    return LlamaMemory(tuple(allocations), profile.vram_bytes - vram_used, why, knob, notices=tuple(notices),
                        cpu_expert_bytes=cpu_bytes)

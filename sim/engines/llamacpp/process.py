@@ -60,7 +60,7 @@ class LlamaCppProcess:
         self.knobs = knobs = Knobs.of(scenario, where)
         self.memory = plan = plan_memory(scenario, knobs, where)
         if plan.why_no_cache is not None:  # the load fails before anything runs
-            raise InputError(where, "engine.flags.n-cpu-moe", scenario.engine.flags.n_cpu_moe, plan.why_no_cache)
+            raise InputError(where, plan.knob, scenario.engine.flags.value_of(plan.knob), plan.why_no_cache)
         for allocation in plan.allocations:
             machine.memory.set(*allocation)
         self.notices = list(plan.notices)

@@ -55,6 +55,7 @@ KEY_VARIANT = "engine.variant"
 KEY_NCMOE = "engine.flags.n-cpu-moe"
 KEY_NGL = "engine.flags.n-gpu-layers"
 KEY_UBATCH = "engine.flags.ubatch-size"
+KEY_CTX = "engine.flags.ctx-size"
 KEY_LOAD_MODE = "engine.flags.load-mode"
 KEY_NO_OP_OFFLOAD = "engine.flags.no-op-offload"
 
@@ -122,6 +123,12 @@ class Flags(Strict):
     # mainline --fit (#16653, default on): with no -ot / --cpu-moe / --n-cpu-moe, keep the experts of the last layers
     # in host RAM until the rest fits with a 1 GiB margin; any of those flags turns it off (common/fit.cpp:395-400)
     fit: Literal["on", "off"] = "on"
+
+    def value_of(self, key: str):
+        """The flag a dotted key names (engine.flags.ctx-size: ctx_size), as set or defaulted."""
+        alias = key.removeprefix("engine.flags.")
+        return next(getattr(self, name) for name, field in type(self).model_fields.items()
+                    if (field.alias or name) == alias)
 
 
 class Settings(Strict):

@@ -47,6 +47,10 @@ def split_by_device(layout, weights, cpu_layers: int, output_on_gpu: bool, ctx: 
             "gpu_cache": cache - cpu_cache, "cpu_cache": cpu_cache}
 
 
+# the VRAM parts a setting other than --n-cpu-moe shrinks (memory.plan_memory names it when the load fails)
+NON_EXPERT_WEIGHTS, KV_CACHE, COMPUTE_BUFFER = "non-expert weights", "K/V cache and recurrent state", "compute buffer"
+
+
 def vram_allocations(layout, profile, weights, on_cpu: np.ndarray, ctx: int, ubatch: int, op_offload: bool,
                      split: dict | None = None) -> list[Allocation]:
     """What the GPU holds once loaded, in the order llama.cpp allocates it (the module docstring); `split` is
@@ -56,10 +60,10 @@ def vram_allocations(layout, profile, weights, on_cpu: np.ndarray, ctx: int, uba
     activations = (ACTIVATION_COPIES * layout.hidden + weights.vocab) * ubatch * FP32_BYTES
     split = split or split_by_device(layout, weights, 0, True, ctx, ubatch)
     return [Allocation("vram", "runtime reserved (driver, context)", profile.runtime_reserved_bytes),
-            Allocation("vram", "non-expert weights", split["gpu_weights"]),
+            Allocation("vram", NON_EXPERT_WEIGHTS, split["gpu_weights"]),
             Allocation("vram", "expert tensors on the GPU", int(parts[~on_cpu].sum())),
-            Allocation("vram", "K/V cache and recurrent state", split["gpu_cache"]),
-            Allocation("vram", "compute buffer", activations + staging)]
+            Allocation("vram", KV_CACHE, split["gpu_cache"]),
+            Allocation("vram", COMPUTE_BUFFER, activations + staging)]
 
 
 # --fit's free margin per device (common/common.h:473, llamacpp-engine.md §2.3): what llama.cpp's own placement leaves
