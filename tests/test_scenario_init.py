@@ -112,6 +112,24 @@ def test_ik_starts_without_pinned_buffers_where_its_cpu_experts_exceed_the_ram(t
     assert list(kept["room_for_a_cache"]) == ["engine.flags.n-cpu-moe"] and "pinned CUDA_Host" in kept["warning"]
 
 
+@pytest.mark.parametrize("hardware, resident", [("rtx-4070-12gb-wsl2", True), ("rtx-4090", False)])
+def test_strata_starts_in_resident_mode_where_its_arena_exceeds_the_ram(tmp_path, hardware, resident):
+    """The arena, Strata's default RAM mode, reads all 24,576 IQ3_S experts into RAM: 46.84 GiB (strata-engine.md
+    §2.2), more than a 31 GiB box holds beside its OS (rtx-4070-12gb-wsl2.toml: 31 GiB, 4 reserved) and less than a
+    64 GiB one. Before, the 31 GiB box started in the arena and ran as if it held it (a notice said it did not);
+    a RAM mode the user sets is kept."""
+    model = ["--model", "qwen3.8-flash-next-iq3s", "--hardware", hardware, *SHORT]
+    expertsim("scenario", "init", *model, "-o", "s.toml", cwd=tmp_path)
+    flags = tomllib.loads((tmp_path / "s.toml").read_text())["engine"]["flags"]
+    assert flags.get("resident-experts", False) is resident
+    assert ("resident-experts = false" in (tmp_path / "s.toml").read_text()) is not resident  # in "Also, at ..."
+    summary = strict_json(expertsim("run", "s.toml", "--json", cwd=tmp_path).stdout)
+    assert not any("arena" in notice and "exceed" in notice for notice in summary["notices"])
+    expertsim("scenario", "init", *model, "--set", "engine.flags.resident-budget-gib=8", "-o", "b.toml", cwd=tmp_path)
+    flags = tomllib.loads((tmp_path / "b.toml").read_text())["engine"]["flags"]
+    assert "resident-experts" not in flags and flags["resident-budget-gib"] == 8
+
+
 RESERVE = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
 
 

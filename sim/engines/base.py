@@ -242,8 +242,9 @@ class Engine(ABC):
         """Whether these knob settings give the prompt path buffers of its own (plan says what pays for them)."""
         return False
 
-    def starting_settings(self, layout, profile) -> dict[str, tuple[Any, str]]:
-        """[engine.flags] a starting scenario must set (no default): key -> (value, why)."""
+    def starting_settings(self, layout, profile, typed: frozenset[str] = frozenset()) -> dict[str, tuple[Any, str]]:
+        """[engine.flags] a starting scenario sets (no default, or a default this box cannot run): key -> (value,
+        why); typed: the dotted keys the user sets, which such a choice leaves to them."""
         return {}
 
     def room_for_a_cache(self, scenario, plan: MemoryPlan) -> tuple[tuple[str, Any, str], ...]:

@@ -108,8 +108,9 @@ class _Notes:
         return " ".join(filter(None, [what, status])) or "set here"
 
 
-def _engine_notes(notes: _Notes, engine, variant: str | None, flags_model, env_model) -> dict:
-    """The engine's flags a starting scenario writes (documented ones with a default), and the notes of every key."""
+def _engine_notes(notes: _Notes, engine, variant: str | None, flags_model, env_model, starting: dict) -> dict:
+    """The engine's flags a starting scenario writes (documented ones with a default, and `starting`: the engine's
+    starting settings, key -> (value, why)), and the notes of every key."""
     flags_path, env_path = ("engine", "flags"), ("engine", "env")
     knob_names = {knob.key: knob.title for knob in engine.knobs}
     written, unset, others = {}, [], []
@@ -117,8 +118,8 @@ def _engine_notes(notes: _Notes, engine, variant: str | None, flags_model, env_m
         key = info.alias or name
         if key in engine.only_in and variant not in engine.only_in[key]:
             continue  # read by other variants only: setting it here would be refused
-        if info.is_required():
-            continue  # no default: the caller writes it (Engine.starting_settings)
+        if info.is_required() or key in starting:
+            continue  # no default, or one the engine starts from elsewhere: the caller writes it
         dotted_key = f"engine.flags.{key}"
         what = "; ".join(filter(None, [knob_names.get(dotted_key), engine.notes.get(dotted_key),
                                        field_notes(flags_model).get(key)]))
@@ -239,9 +240,11 @@ def write_scenario(output: str | Path, model: str, hardware: str, prompt_tokens:
         notes.what[("engine", "variant")] = f"{source.source} [{chosen}]" if source else chosen
         engine_table["variant"] = variant
     notes.tables[("engine", "flags")] = spec.flags_note or f"{notes.owner} command-line flags, without the leading --"
+    starting = spec.starting_settings(layout, profile,
+                                      frozenset(setting.partition("=")[0].strip() for setting in settings))
     flags = _engine_notes(notes, spec, variant, fields["flags"].annotation,
-                          fields["env"].annotation if "env" in fields else None)
-    for key, (value, what) in spec.starting_settings(layout, profile).items():
+                          fields["env"].annotation if "env" in fields else None, starting)
+    for key, (value, what) in starting.items():
         flags[key] = value
         notes.what[("engine", "flags", key)] = what
         notes.started.add(("engine", "flags", key))

@@ -90,7 +90,7 @@ class Replay(Engine):
     def runs(self, layout, compute_key: str | None) -> str | None:
         return "its routing is replayed through one cache: hit rates, no timing"
 
-    def starting_settings(self, layout, profile) -> dict:
+    def starting_settings(self, layout, profile, typed: frozenset[str] = frozenset()) -> dict:
         slots = replay_slots(layout, profile)
         return {"slots": (slots, f"slots per pool (per layer with scope layer): {slots} of {layout.n_experts} experts, "
                                  f"what {profile.name}'s GPU memory holds of every layer beside the runtime's "

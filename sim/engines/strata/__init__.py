@@ -16,8 +16,12 @@ from sim.engines.strata import search
 from sim.engines.strata.geometry import GEOMETRY, geometry_mismatch
 from sim.engines.strata.ram import MMAP_CPU_HEADROOM_GIB, RESIDENT_HEADROOM_GIB
 from sim.engines.strata.settings import BUILDS, KEY_HEADROOM, KEY_OWN, ONLY_IN, Knobs, Settings, check_settings
+from sim.units import GIB
 
-NEWEST_RELEASE = "v0.1.40"  # v0.1.40-live needs a resident budget and an expert profile (docs/LIVE_MEMORY.md)
+NEWEST_RELEASE = "v0.1.40"
+# the flags that choose the RAM mode (settings.Flags): a user who sets one keeps it at scenario init
+RAM_MODE_KEYS = frozenset(f"engine.flags.{flag}"
+                          for flag in ("resident-experts", "resident-budget-gib", "mmap-experts"))  # v0.1.40-live needs a resident budget and an expert profile (docs/LIVE_MEMORY.md)
 
 
 def _geometry_text() -> str:
@@ -42,6 +46,19 @@ class Strata(Engine):
     def validate(self, scenario, where: str) -> None:
         """Strata's refusals: what the engine would refuse, and what the model does not simulate."""
         check_settings(scenario, where)
+
+    def starting_settings(self, layout, profile, typed: frozenset[str] = frozenset()) -> dict:
+        """Where the arena (the default RAM mode: every expert read into RAM) exceeds the box's RAM and the user
+        chose no RAM mode, start from --resident-experts: only the experts the GPU cache lacks in RAM, or the
+        mapped files when even they do not fit (strata-engine.md §3.5)."""
+        available = profile.ram_bytes - profile.os_reserved_bytes
+        if layout.total_expert_bytes <= available or typed & RAM_MODE_KEYS:
+            return {}
+        return {"resident-experts": (True, f"the arena, Strata's default RAM mode, reads every expert into RAM: "
+                                           f"{layout.total_expert_bytes / GIB:.1f} GiB of experts, "
+                                           f"{available / GIB:.1f} GiB of RAM beside the OS; resident mode holds "
+                                           "only those the GPU cache lacks, or maps the files when even they do "
+                                           "not fit")}
 
     def plan_memory(self, scenario, domain=None) -> MemoryPlan:
         """The startup's memory plan (memory.plan_memory); its refusal comes when the engine starts."""

@@ -239,7 +239,10 @@ class Placement:
             self.resident_alloc = run.total_expert_bytes
             if run.total_expert_bytes > self.available_ram:
                 run.notices.append(f"arena: {run.total_expert_bytes / GIB:.2f} GiB of experts exceed the "
-                                   f"{self.available_ram / GIB:.2f} GiB of RAM available")
+                                   f"{self.available_ram / GIB:.2f} GiB of RAM available: the run holds them in RAM "
+                                   "all the same, which this box cannot (its pages would go to disk), so its "
+                                   "speeds are optimistic; --resident-experts holds only the experts the GPU cache "
+                                   "lacks, or maps the files")
             mem.set("ram", "expert arena", run.total_expert_bytes)
             return
         if mode == "mmap":  # every pair the GPU lacks comes from the mapped files: no RAM copy, no headroom rule
