@@ -79,7 +79,8 @@ def sweep(
     rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", "wall_s"]]
                       .to_json(orient="records"))
     failed = (f"expertsim: sweep: {len(result.failed)} of {total} points failed (their errors are under the table); "
-              f"retry them with: {_command_again('--resume', '--retry-failed')}") if result.failed else None
+              "a refusal (the engine's, or a setting out of range) fails again, a point whose worker died may not: "
+              f"run them again with {_command_again('--resume', '--retry-failed')}") if result.failed else None
     if as_json:
         print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
                    "resumed": len(result.resumed), "failed": len(result.failed), "recomputed_damaged": result.damaged,
