@@ -294,6 +294,19 @@ def test_arena_mode_pins_everything(tmp_path):
     assert any("arena" in n and "exceed" in n for n in st["notices"])  # 46.9 GiB of experts, 38.5 GiB of RAM
 
 
+def test_owned_prompt_buffers_an_explicit_cache_leaves_no_room_for_are_refused(tmp_path):
+    """Without an expert profile the prompt path owns 2048-token buffers (strata-engine.md §3.3); an explicit cache of
+    5,400 x 2.54 MiB IQ3_S blobs leaves less than their ~1.2 GiB on a 12 GB card (rtx-4070-12gb-wsl2.toml). Before,
+    the run went on past the card's VRAM with a notice, and plan recommended that cache."""
+    path = scenario_file(tmp_path, "no-room", variant="v0.1.40", hardware="rtx-4070-12gb-wsl2", requests=((300, 8),),
+                         flags={"expert-profile": None, "vram-reserve-mib": 700, "max-context": 4096,
+                                "kv": "fp16"})
+    with pytest.raises(InputError) as refused:
+        run_file(path)
+    assert refused.value.field == "engine.flags.expert-cache" and refused.value.value == 5400
+    assert "this card cannot hold both: owned prompt buffers" in refused.value.why
+
+
 def test_adaptive_tier_swaps_within_a_layer(tmp_path):
     r, st = run_file(scenario_file(tmp_path, "adapt", requests=((200, 64),)))
     decode = r.steps[r.steps["phase"] == "decode"]  # one row per verify window
