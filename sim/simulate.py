@@ -11,6 +11,7 @@ import pandas as pd
 from sim.engines import engine_of
 from sim.engines.records import Domain
 from sim.engines.recorder import Recorder
+from sim.errors import InputError
 from sim.machine import Machine
 from sim.machine.environment import Environment
 from sim.results import RunResult
@@ -53,6 +54,20 @@ def extent_bytes(layout) -> np.ndarray:
     return np.repeat(np.asarray([x.expert_bytes for x in layout.layers], np.int64), layout.n_experts)
 
 
+def _refuse_past_the_box(scenario, peak: dict[str, int], knob: str | None) -> None:
+    """A run whose allocations exceeded the GPU's memory or the host's RAM at some point gives no figure of record:
+    an allocation would have failed there, or the OS paged the run's own buffers out (the engines' own refusals come
+    earlier, where the engines make them)."""
+    profile = scenario.hardware_profile
+    for pool, holds, words in (("vram", profile.vram_bytes, "GPU memory"), ("ram", profile.ram_bytes, "host RAM")):
+        if peak[pool] > holds:
+            change = f"; change {knob}, or the settings that fill it" if knob and pool == "vram" else ""
+            raise InputError(str(scenario.path or "scenario"), "hardware", profile.name,
+                             f"the run needs {peak[pool] / MIB:,.0f} MiB of {words} at its peak, "
+                             f"{(peak[pool] - holds) / MIB:,.0f} MiB more than the {holds / MIB:,.0f} MiB this box "
+                             f"has: an allocation would fail there{change}")
+
+
 def run_scenario(scenario, record_values: dict[str, float] | None = None, summary_only: bool = False,
                  stage: Callable[[str], None] = lambda name: None) -> RunResult:
     """Simulate the scenario; `record_values` (record id -> value) stand in for calibration records' figures.
@@ -61,10 +76,11 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
     and copies frames are empty and it has no links to write (the summary is the same: tests/test_workload.py).
     `stage(name)` is told each step as it starts: "routing", "simulating", "results" (a command's live line)."""
     engine = engine_of(scenario)
+    plan = None
     if engine.timed:
         # the engine's start-up refusals (a GPU too small for what comes before the cache) before the routing is
         # built: generating a long prompt's routing took ~40 s of a run that was then refused
-        engine.plan_memory(scenario)
+        plan = engine.plan_memory(scenario)
     stage("routing")
     routing = workload_routing(scenario, prompts_to_file=engine.reads_prompt_in_chunks)
     stage("simulating" if engine.timed else "replaying")
@@ -93,6 +109,7 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
     timings: list[dict] = []
     env.process(process.serve(env, timings))
     env.run()
+    _refuse_past_the_box(scenario, machine.memory.peak, plan.knob)
     stage("results")
     steps, copies, timing = recorder.step_columns(), recorder.copy_frame(), pd.DataFrame(timings)
     measured = scenario.measured[-1] if scenario.measured else len(timings) - 1

@@ -638,3 +638,19 @@ def test_a_gpu_too_small_is_refused_before_the_routing_is_built(monkeypatch):
                           {**scenario.model_dump(by_alias=True, exclude_none=True), "hardware": "rtx-3060-12gb"})
     with pytest.raises(InputError, match="before its expert cache; the GPU has 12.00 GiB"):  # the card's 12 GiB
         sim.simulate.run_scenario(small)
+
+
+def test_a_run_past_the_cards_memory_is_refused_naming_the_knob_that_makes_room():
+    """GLM-5.2 on a 16 GB card (glm52-mtp-slab.toml) with an 8 GiB cache and ds4's reserve at 0 GiB: its allocations
+    reach 11 MiB past the 16,384 MiB card, where one would fail. Before, the run reported figures with a VRAM peak of
+    16,395 MiB."""
+    from sim.errors import InputError
+    from sim.explore.sweep import parse_settings
+
+    path = SCENARIOS / "glm52-mtp-slab.toml"
+    reserve = "engine.env.DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
+    data, _ = parse_settings(path, ["engine.flags.ssd-streaming-cache-experts=8GB", f"{reserve}=0"])
+    with pytest.raises(InputError) as refused:
+        run_scenario(load_scenario(path, data))
+    assert refused.value.field == "hardware" and "of GPU memory at its peak, 11 MiB more than the 16,384 MiB this box has" in refused.value.why
+    assert f"change {reserve}" in refused.value.why

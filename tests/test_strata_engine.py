@@ -464,8 +464,11 @@ def test_a_default_reserve_adapts_to_fund_the_smallest_loan_and_a_given_one_does
     r, st = run_file(scenario_file(tmp_path, "default", flags=flags, **box))
     assert 300 <= st["vram_reserve_mib"] < 700 and any("(#496)" in n for n in st["notices"])
     assert r.summary["lent_slots"] > 0 and st["cache_slots"] >= st["plan_lend"]["lent_slots"] + MIN_KEEP_SLOTS
-    _, given = run_file(scenario_file(tmp_path, "given", flags={**flags, "vram-reserve-mib": 700}, **box))
-    assert given["vram_reserve_mib"] == 700 and given["plan_lend"]["owned"]
+    # kept, the 700 MiB leave too few slots for a loan: the prompt path owns 1024-token buffers (§3.3), which do not
+    # fit beside the cache on this card
+    with pytest.raises(InputError) as refused:
+        run_file(scenario_file(tmp_path, "given", flags={**flags, "vram-reserve-mib": 700}, **box))
+    assert "owned prompt buffers" in refused.value.why and "1024-token chunks" in refused.value.why
 
 
 def test_mapped_experts_have_no_ram_copy_and_take_the_unpinned_ring(tmp_path):
@@ -553,3 +556,15 @@ def test_a_small_ring_stalls_the_copy_stream_through_the_attention_half(tmp_path
     assert runs[96] >= stall_bound
     assert runs[384] < 0.9 * runs[96]
     assert runs[384] >= float(np.sum(512 * blob)) / rate  # and the copies themselves bound the big ring
+
+
+def test_a_run_past_the_hosts_ram_is_refused(tmp_path):
+    """The arena (46.84 GiB of IQ3_S experts in RAM, strata-engine.md §2.2) and the host copy of a 262,144-cell K/V
+    cache streamed from 1,024 resident cells exceed the 48 GiB of rtx-5090-48gb-windows.toml. Before, the run
+    reported figures with a 51,209 MiB RAM peak."""
+    path = scenario_file(tmp_path, "over", flags={"resident-experts": None, "kv-resident": 1024},
+                         requests=((300, 2),))
+    with pytest.raises(InputError) as refused:
+        run_file(path)
+    assert refused.value.field == "hardware" and "of host RAM at its peak" in refused.value.why
+    assert "more than the 49,152 MiB this box has" in refused.value.why

@@ -227,9 +227,6 @@ def _expand(path: str, base: dict, knobs: list[tuple[str, list]], base_settings:
             cand.metrics = {k: None if row[k] is None else float(row[k]) for k in METRICS}
             cand.notices = row["notices"][:6]
             cand.violations = [c.text for c in constraints if not c.ok(cand.metrics)]
-            over = cand.metrics.get("vram_free_mib")
-            if over is not None and over < 0:  # a run past the card's VRAM: never a recommendation
-                cand.violations.append(f"{-over:,.0f} MiB over the card's VRAM")
     return fresh
 
 

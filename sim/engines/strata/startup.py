@@ -191,15 +191,15 @@ class Placement:
             run.notices.append(f"prefill: owned buffers for {plan.chunk_tokens}-token chunks, "
                                f"{plan.buffer_bytes / MIB:.0f} MiB")
         if self.owned:
-            if self.buffer_bytes > free_after_cache:
-                over = (f"owned prompt buffers ({self.buffer_bytes / MIB:.0f} MiB for {self.chunk}-token chunks) "
-                        f"exceed the {free_after_cache / MIB:.0f} MiB left after the cache's "
-                        f"{self.cache.slot_bytes.sum() / MIB:.0f} MiB")
-                if flags.expert_cache != "auto":  # the user's budget and the buffers cannot both be on the card
-                    raise InputError(str(run.scenario.path or "scenario"), "engine.flags.expert-cache",
-                                     flags.expert_cache, f"this card cannot hold both: {over}; a smaller expert "
-                                                         "cache or chunk, or an expert profile (borrowed buffers)")
-                run.notices.append(f"prefill: {over}: the run holds both, past the card's VRAM")
+            if self.buffer_bytes > free_after_cache:  # the cache and the buffers cannot both be on the card
+                raise InputError(str(run.scenario.path or "scenario"), "engine.flags.expert-cache",
+                                 flags.expert_cache,
+                                 f"this card cannot hold both: owned prompt buffers ({self.buffer_bytes / MIB:.0f} "
+                                 f"MiB for {self.chunk}-token chunks) exceed the {free_after_cache / MIB:.0f} MiB left "
+                                 f"after the cache's {self.cache.slot_bytes.sum() / MIB:.0f} MiB; a smaller expert "
+                                 "cache or chunk, or an expert profile (borrowed buffers)"
+                                 + (f", or a shorter max-context (their K/V stage is "
+                                    f"{self.pricing.kv_stage / MIB:.0f} MiB)" if self.pricing.kv_stage else ""))
             mem.set("vram", "prompt buffers (owned)", self.buffer_bytes)
         self.lend_first_planned = None if self.owned else plan.first_lent_slot
 
