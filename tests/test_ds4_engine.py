@@ -652,5 +652,6 @@ def test_a_run_past_the_cards_memory_is_refused_naming_the_knob_that_makes_room(
     data, _ = parse_settings(path, ["engine.flags.ssd-streaming-cache-experts=8GB", f"{reserve}=0"])
     with pytest.raises(InputError) as refused:
         run_scenario(load_scenario(path, data))
-    assert refused.value.field == "hardware" and "of GPU memory at its peak, 11 MiB more than the 16,384 MiB this box has" in refused.value.why
+    assert refused.value.field == "hardware"
+    assert "of GPU memory at its peak, 11 MiB more than the 16,384 MiB this box has" in refused.value.why
     assert f"change {reserve}" in refused.value.why

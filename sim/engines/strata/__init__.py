@@ -18,10 +18,10 @@ from sim.engines.strata.ram import MMAP_CPU_HEADROOM_GIB, RESIDENT_HEADROOM_GIB
 from sim.engines.strata.settings import BUILDS, KEY_HEADROOM, KEY_OWN, ONLY_IN, Knobs, Settings, check_settings
 from sim.units import GIB
 
-NEWEST_RELEASE = "v0.1.40"
+NEWEST_RELEASE = "v0.1.40"  # v0.1.40-live needs a resident budget and an expert profile (docs/LIVE_MEMORY.md)
 # the flags that choose the RAM mode (settings.Flags): a user who sets one keeps it at scenario init
 RAM_MODE_KEYS = frozenset(f"engine.flags.{flag}"
-                          for flag in ("resident-experts", "resident-budget-gib", "mmap-experts"))  # v0.1.40-live needs a resident budget and an expert profile (docs/LIVE_MEMORY.md)
+                          for flag in ("resident-experts", "resident-budget-gib", "mmap-experts"))
 
 
 def _geometry_text() -> str:
