@@ -102,16 +102,15 @@ def test_cli_json_and_exit_codes():
 
 
 def test_a_candidate_past_the_cards_vram_is_never_recommended(tmp_path):
-    """An 8 GB laptop (rtx-4070-laptop-8gb-windows.toml) with Strata's auto cache and a 700 MiB reserve on the command
-    line: too few slots for a loan, so the prompt path owns 1024-token buffers (strata-engine.md §3.3) that do not fit
-    beside the cache. Before, that run went on past the card (a notice said so) and plan could recommend it."""
+    """A 12 GB card (rtx-4070-12gb-wsl2.toml), Strata without an expert profile, so its prompt path owns 2048-token
+    buffers (strata-engine.md §3.3): an explicit cache of 5,400 x 2.54 MiB leaves no room for them. Before, that run
+    went on past the card (a notice said so) and plan recommended it, at '-510 MiB VRAM free'."""
     from tests.test_strata_engine import scenario_file
 
-    path = scenario_file(tmp_path, "laptop", variant="v0.1.40-live", hardware="rtx-4070-laptop-8gb-windows",
-                         requests=((1137, 2),),
-                         flags={"expert-cache": "auto", "vram-reserve-mib": 700, "resident-experts": None,
-                                "resident-budget-gib": 40.0, "max-context": 65536, "kv-resident": 32768})
-    plan = make_plan(str(path), grids=["engine.flags.vram-reserve-mib=300,700"])
-    refused = [c for c in plan.candidates if c.settings["engine.flags.vram-reserve-mib"] == 700]
+    path = scenario_file(tmp_path, "no-profile", variant="v0.1.40", hardware="rtx-4070-12gb-wsl2",
+                         requests=((300, 8),), flags={"expert-cache": "auto", "expert-profile": None,
+                                                     "vram-reserve-mib": 700, "max-context": 4096, "kv": "fp16"})
+    plan = make_plan(str(path), grids=["engine.flags.expert-cache=auto,5400"])
+    refused = [c for c in plan.candidates if c.settings["engine.flags.expert-cache"] == 5400]
     assert refused and all(not c.ran and "owned prompt buffers" in c.error for c in refused)
     assert plan.best is not None and plan.best.metrics["vram_free_mib"] >= 0

@@ -1,7 +1,7 @@
 """Strata's startup after its memory plan (memory.py): where every (layer, expert) pair's bytes are.
 
-  1-2  size the cache (auto or --expert-cache N; #765 books an owned prompt path first; #496 may lower a default
-       reserve), then the post-write check (sizing.py)
+  1-2  size the cache (auto or --expert-cache N; #765 books an owned prompt path first, also the owned fallback of
+       a borrowing plan that finds no loan; #496 may lower a default reserve), then the post-write check (sizing.py)
   3    fill it in profile rank order: slot i holds pair i, so the tail slots are the coldest
   4    plan_lend with the build's pricing (lending.py, pricing.py)
   5    the fork's independent buffers, chosen after the fill with the free VRAM left
@@ -83,13 +83,21 @@ class Placement:
                 reserve = adapted
         self.vram_reserve = reserve
         if flags.expert_cache == "auto":
+            def owned_first(chunk: int):  # #765: the owned prompt path booked before the cache is sized
+                booked = self.pricing.need_owned(chunk) + bind
+                return sized_slot_walk(ranked_blobs, (max(0, free - reserve - booked) // run.max_blob)
+                                       * run.max_blob, free, reserve, booked)
+
             if build.startup_plan and not borrow:
-                booked = self.pricing.need_owned(owned_chunk) + bind
-                cache = sized_slot_walk(ranked_blobs, (max(0, free - reserve - booked) // run.max_blob)
-                                        * run.max_blob, free, reserve, booked)
+                cache = owned_first(owned_chunk)
             else:
                 cache = auto_expert_cache(ranked_blobs, run.max_blob, free, reserve, borrowing=borrow,
                                           owned_chunk_tokens=owned_chunk, mtp_bind_bytes=bind)
+                fallback = self._lend_plan(cache.slot_bytes, borrow, has_profile) if build.startup_plan else None
+                if fallback is not None and fallback.owned:  # no loan fits: the plan books the owned fallback
+                    cache = owned_first(fallback.chunk_tokens)
+                    run.notices.append(f"expert cache: no loan fits a cache sized for borrowing; the startup plan "
+                                       f"books owned {fallback.chunk_tokens}-token buffers first (#765)")
             how = "auto"
         else:
             cache = sized_slot_walk(ranked_blobs, expert_cache_budget_bytes(flags.expert_cache, run.max_blob),
@@ -147,23 +155,31 @@ class Placement:
         return Pricing(run.build, pinned_share, run.max_blob, kv_stage, run.knobs.ring_override,
                        fused=run.knobs.fused, max_cells=run.max_context)
 
-    def _plan_prompt_path(self, borrow: bool, has_profile: bool) -> None:
-        """4: plan_lend with the build's pricing; 5: the fork's independent buffers."""
+    def _lend_plan(self, slot_bytes, borrow: bool, has_profile: bool):
+        """plan_lend (§3.3) with the build's chunk list and pricing, for a cache of these slots."""
         run = self.run
-        mem, knobs, flags, build = run.m.memory, run.knobs, run.flags, run.build
-        explicit, auto_cap, reserve = knobs.explicit_chunk, knobs.auto_cap, self.vram_reserve
+        knobs, flags, build = run.knobs, run.flags, run.build
+        auto_cap = knobs.auto_cap
         candidates = AUTO_CHUNKS_V0135
         if build.auto_n and auto_cap:  # #669: the longer list, its entries above 8192 only up to auto:N
             candidates = tuple(c for c in AUTO_CHUNKS_V0139 if c <= max(AUTO_CHUNK_CEILING_TOKENS, auto_cap))
         ceiling = None
         if build.grid_auto:
             ceiling = max(AUTO_CHUNK_CEILING_TOKENS, min(auto_cap or 0, run.max_context))
-        plan = plan_lend(self.cache.slot_bytes, pinned_share=self.pinned_share, max_context_tokens=run.max_context,
-                         explicit_chunk_tokens=explicit, candidates=candidates, max_blob_bytes=run.max_blob,
-                         kv_stage=self.pricing.kv_stage, borrow=borrow, has_profile=has_profile,
-                         lend_pct_override=knobs.lend_pct, pricing=self.pricing, grid_ceiling_tokens=ceiling,
+        return plan_lend(slot_bytes, pinned_share=self.pinned_share, max_context_tokens=run.max_context,
+                         explicit_chunk_tokens=knobs.explicit_chunk, candidates=candidates,
+                         max_blob_bytes=run.max_blob, kv_stage=self.pricing.kv_stage, borrow=borrow,
+                         has_profile=has_profile, lend_pct_override=knobs.lend_pct, pricing=self.pricing,
+                         grid_ceiling_tokens=ceiling,
                          pressure_min_keep=flags.live_prefill_min_retained
                          if build.live_memory and flags.live_prefill_min_retained < MIN_KEEP_SLOTS else None)
+
+    def _plan_prompt_path(self, borrow: bool, has_profile: bool) -> None:
+        """4: plan_lend with the build's pricing; 5: the fork's independent buffers."""
+        run = self.run
+        mem, knobs, flags, build = run.m.memory, run.knobs, run.flags, run.build
+        explicit, auto_cap, reserve = knobs.explicit_chunk, knobs.auto_cap, self.vram_reserve
+        plan = self._lend_plan(self.cache.slot_bytes, borrow, has_profile)
         self.lend_plan = plan
         self.owned = plan.owned
         self.chunk = plan.chunk_tokens
