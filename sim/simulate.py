@@ -76,11 +76,9 @@ def run_scenario(scenario, record_values: dict[str, float] | None = None, summar
     and copies frames are empty and it has no links to write (the summary is the same: tests/test_workload.py).
     `stage(name)` is told each step as it starts: "routing", "simulating", "results" (a command's live line)."""
     engine = engine_of(scenario)
-    plan = None
-    if engine.timed:
-        # the engine's start-up refusals (a GPU too small for what comes before the cache) before the routing is
-        # built: generating a long prompt's routing took ~40 s of a run that was then refused
-        plan = engine.plan_memory(scenario)
+    # the engine's start-up refusals (a GPU too small for what comes before the cache) before the routing is built:
+    # generating a long prompt's routing took ~40 s of a run that was then refused
+    plan = engine.plan_memory(scenario) if engine.timed else None
     stage("routing")
     routing = workload_routing(scenario, prompts_to_file=engine.reads_prompt_in_chunks)
     stage("simulating" if engine.timed else "replaying")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.engines.base import Bounds, EngineState
+from sim.engines.base import Bounds, EngineState, setting
 from sim.engines.llamacpp.graph import cpu_moe_split_s, decode_gpu_nodes, gpu_node_s
 from sim.engines.llamacpp.kernels import expert_core_rate
 from sim.engines.llamacpp.memory import HOST_WORDS, plan_memory
@@ -60,7 +60,8 @@ class LlamaCppProcess:
         self.knobs = knobs = Knobs.of(scenario, where)
         self.memory = plan = plan_memory(scenario, knobs, where)
         if plan.why_no_cache is not None:  # the load fails before anything runs
-            raise InputError(where, plan.knob, scenario.engine.flags.value_of(plan.knob), plan.why_no_cache)
+            raise InputError(where, plan.knob, setting({"engine": scenario.engine.model_dump(by_alias=True)}, plan.knob),
+                             plan.why_no_cache)
         for allocation in plan.allocations:
             machine.memory.set(*allocation)
         self.notices = list(plan.notices)

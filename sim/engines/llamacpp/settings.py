@@ -124,12 +124,6 @@ class Flags(Strict):
     # in host RAM until the rest fits with a 1 GiB margin; any of those flags turns it off (common/fit.cpp:395-400)
     fit: Literal["on", "off"] = "on"
 
-    def value_of(self, key: str):
-        """The flag a dotted key names (engine.flags.ctx-size: ctx_size), as set or defaulted."""
-        alias = key.removeprefix("engine.flags.")
-        return next(getattr(self, name) for name, field in type(self).model_fields.items()
-                    if (field.alias or name) == alias)
-
 
 class Settings(Strict):
     KEY_KIND: ClassVar[str] = "llama.cpp engine key"
