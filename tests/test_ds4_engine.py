@@ -655,3 +655,21 @@ def test_a_run_past_the_cards_memory_is_refused_naming_the_knob_that_makes_room(
     assert refused.value.field == "hardware"
     assert "of GPU memory at its peak, 11 MiB more than the 16,384 MiB this box has" in refused.value.why
     assert f"change {reserve}" in refused.value.why
+
+
+@pytest.mark.parametrize("typed", ["0.5", "12GB", " 12"])
+def test_a_reserve_ds4_cannot_parse_keeps_the_default_and_the_run_says_so(typed):
+    """ds4 parses DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB as whole GiB; '0.5' fails to parse and the 16 GiB default
+    stays (ds4-engine.md §1.3), silently in the engine. The run keeps that default too and names the value it
+    dropped, where before nothing told the user the setting had changed nothing."""
+    from sim.engines import ENGINES
+
+    def plan(env):
+        return ENGINES["ds4"].plan_memory(variant_of("ds4-504-per-class.toml", env=env))
+
+    reserve = "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB"
+    typed_plan, parsed = plan({reserve: typed}), plan({reserve: "12"})  # the scenario's own 12 GiB (seed #504)
+    assert typed_plan.reserve_bytes == 16 * 2**30 and parsed.reserve_bytes == 12 * 2**30  # the card's half is 48
+    dropped = [n for n in typed_plan.notices if reserve in n]
+    assert len(dropped) == 1 and repr(typed) in dropped[0] and "16 GiB default" in dropped[0]
+    assert not [n for n in parsed.notices if reserve in n]

@@ -66,6 +66,7 @@ def test_a_point_that_does_not_load_records_its_error_without_running():
     assert point.error is not None and "reserve" in point.error
     [(_, row)] = list(run_points([point], executor="inline"))
     assert row["error"] == point.error and row["method"] is None and row["decode_tok_s"] is None
+    assert row["error_kind"] == "refused"  # it fails again, whatever the rerun
 
 
 @pytest.mark.parametrize("executor", ["inline", "processes"])
@@ -85,6 +86,28 @@ def test_a_point_that_fails_at_run_time_records_one_line(monkeypatch):
     monkeypatch.setattr(run_module, "run_scenario", boom)
     row = evaluate(_point(SHORT))
     assert row["error"] == "RuntimeError: the engine fell over in two lines" and row["method"] == "run"
+    assert row["error_kind"] == "crashed"  # not an input the engine refuses: a bug to report
+
+
+def test_a_refusal_at_run_time_and_a_lost_worker_are_told_apart(monkeypatch):
+    """A failed row's error_kind says whether running it again can help: an InputError raised while the point runs
+    (the engine's refusal) fails again; a worker whose result never came back may not."""
+    import sim.explore.runner as runner
+    import sim.simulate as run_module
+
+    def refuse(scenario, record_values=None, summary_only=False):
+        raise InputError("x.toml", "hardware", "box", "too small")
+
+    monkeypatch.setattr(run_module, "run_scenario", refuse)
+    assert evaluate(_point(SHORT))["error_kind"] == "refused"
+
+    def lost(tasks):
+        for task in tasks:
+            yield task, OSError("the worker process died")
+
+    monkeypatch.setattr(runner, "_inline", lost)
+    [(_, row)] = list(run_points([_point(SHORT)], executor="inline"))
+    assert row["error"] == "worker failed: OSError: the worker process died" and row["error_kind"] == "worker-lost"
 
 
 def test_processes_and_inline_give_the_same_rows():

@@ -101,7 +101,7 @@ def _frame_as_pandas_converts_it(row: dict, overrides: dict) -> pd.DataFrame:
     for k in (*METRICS, *extra_metrics()):
         if k in frame:
             frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("Int64" if k in COUNTS else "float64")
-    for k in ("error", "scenario_hash", "method", "notices", "out_of_domain"):
+    for k in ("error", "error_kind", "scenario_hash", "method", "notices", "out_of_domain"):
         frame[k] = frame[k].astype("string")
     return frame
 
@@ -115,7 +115,7 @@ def test_a_point_row_has_the_types_and_file_bytes_pandas_gives_it(tmp_path):
     point = expand_grid(PER_CLASS, [f"{CACHE}=2048", "engine.flags.prefill-chunk=512"])[0]
     row = evaluate(point)
     failed = {**row, "cache_slots": None, "decode_tok_s": None, "cache_mib": "12.5", "lent_slots": "none",
-              "wall_s": None, "method": None, "error": "boom", "notices": ["a notice"]}
+              "wall_s": None, "method": None, "error": "boom", "error_kind": "crashed", "notices": ["a notice"]}
     for case in (row, failed):
         ours, oracle = _row_frame(case, point.overrides), _frame_as_pandas_converts_it(case, point.overrides)
         pd.testing.assert_frame_equal(ours, oracle)
@@ -338,9 +338,11 @@ def test_cli_sweep_with_failed_points_exits_1_and_retry_failed_recomputes_only_t
     first = subprocess.run(cmd, capture_output=True, text=True)
     assert first.returncode == 1 and "Traceback" not in first.stderr
     assert "1 of 2 points failed" in first.stderr and "--resume --retry-failed" in first.stderr
+    assert "1 refused (the engine's refusal, or a setting out of range: they fail again)" in first.stderr
     resumed = subprocess.run([*cmd, "--resume", "--json"], capture_output=True, text=True)
     payload = json.loads(resumed.stdout)
     assert resumed.returncode == 1 and payload["computed"] == 0 and payload["failed"] == 1  # not "failed: 0"
+    assert [r["error_kind"] for r in payload["rows"] if r["error"]] == ["refused"]  # kept in the point's file
     # issue 34: the table kept only the error's last 57 characters; its whole text is listed under the table
     error = next(r["error"] for r in payload["rows"] if r["error"])
     assert any(line.startswith("failed: ") and line.endswith(error) for line in first.stdout.splitlines())

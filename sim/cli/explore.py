@@ -33,6 +33,24 @@ def _command_again(*flags: str) -> str:
     return shlex.join(["expertsim", *(a for a in sys.argv[1:] if a not in flags), *flags])
 
 
+def _failed_line(rows: list[dict], total: int) -> str:
+    """The sweep's closing line when points failed: how many of each kind (sim.explore.runner's error kinds), and
+    the command that runs them again where that can help."""
+    from sim.explore.runner import CRASHED, REFUSED, WORKER_LOST
+
+    counts: dict = {}
+    for r in rows:
+        if r["error"]:
+            counts[r.get("error_kind") or "unknown"] = counts.get(r.get("error_kind") or "unknown", 0) + 1
+    why = {REFUSED: "refused (the engine's refusal, or a setting out of range: they fail again)",
+           CRASHED: "crashed (an expertsim bug: please report the error with the scenario)",
+           WORKER_LOST: "lost with their worker process (they may run when run again)",
+           "unknown": "failed in an older version's sweep"}
+    parts = "; ".join(f"{counts[k]} {why[k]}" for k in why if k in counts)
+    return (f"expertsim: sweep: {sum(counts.values())} of {total} points failed (their errors are under the table): "
+            f"{parts}; run them again with {_command_again('--resume', '--retry-failed')}")
+
+
 @app.command()
 def sweep(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="scenario TOML"),
@@ -76,11 +94,10 @@ def sweep(
     keys = list(points[0].overrides) if points else []
     extra = [c for c in (*extra_metrics(), "method") if c in frame]  # absent from rows of older sweeps
     metrics = [c for c in METRICS if c in frame]  # a folder of an older version may lack some
-    rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", "wall_s"]]
+    kinds = ["error_kind"] if "error_kind" in frame else []  # absent from rows of older sweeps
+    rows = json.loads(frame[["point_id", *keys, *metrics, *extra, "scenario_hash", "error", *kinds, "wall_s"]]
                       .to_json(orient="records"))
-    failed = (f"expertsim: sweep: {len(result.failed)} of {total} points failed (their errors are under the table); "
-              "a refusal (the engine's, or a setting out of range) fails again, a point whose worker died may not: "
-              f"run them again with {_command_again('--resume', '--retry-failed')}") if result.failed else None
+    failed = _failed_line(rows, total) if result.failed else None
     if as_json:
         print_json({"output": str(output), "points": result.total, "computed": len(result.computed),
                    "resumed": len(result.resumed), "failed": len(result.failed), "recomputed_damaged": result.damaged,

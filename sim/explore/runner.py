@@ -156,6 +156,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
+# A failed row's error_kind, which says whether running it again can help:
+REFUSED = "refused"  # an InputError: a setting out of range or the engine's own refusal; it fails again
+CRASHED = "crashed"  # any other exception in the simulation: an expertsim bug, worth reporting with its line
+WORKER_LOST = "worker-lost"  # the worker process died or its result did not come back; it may pass when run again
+
+
+def error_kind(exc: BaseException) -> str:
+    return REFUSED if isinstance(exc, InputError) else CRASHED
+
+
 def _engine(data: dict):
     """The engine a point's data names (None for a name no engine has: the point did not load)."""
     from sim.engines import ENGINES
@@ -170,10 +180,11 @@ def metrics_of(data: dict) -> tuple[str, ...]:
 
 
 def _row(point: Point, found: dict, error: str | None, method: str | None, wall_s: float | None,
-         notices: list | None = None, out_of_domain: list | None = None) -> dict:
+         notices: list | None = None, out_of_domain: list | None = None, kind: str | None = None) -> dict:
     return {"point_id": point.point_id, **point.overrides, "scenario_hash": point.scenario_hash,
             **{k: found.get(k) for k in metrics_of(point.data)}, "notices": list(notices or []),
-            "out_of_domain": list(out_of_domain or []), "error": error, "method": method, "wall_s": wall_s}
+            "out_of_domain": list(out_of_domain or []), "error": error,
+            "error_kind": None if error is None else kind or REFUSED, "method": method, "wall_s": wall_s}
 
 
 def _figures(scenario, summary: dict) -> dict:
@@ -202,7 +213,7 @@ def evaluate(point: Point) -> dict:
         scenario = load_scenario_data(point.scenario_path, point.data, profile_values)
         summary = run_scenario(scenario, record_values or None, summary_only=True).summary  # a row is a summary's
     except Exception as exc:  # noqa: BLE001 - a failing point records its error; the others go on
-        return _row(point, {}, one_line(exc), "run", time.perf_counter() - start)
+        return _row(point, {}, one_line(exc), "run", time.perf_counter() - start, kind=error_kind(exc))
     notices = list(dict.fromkeys(summary.get("notices", [])))
     return _row(point, _figures(scenario, summary), None, "run", time.perf_counter() - start, notices,
                 summary.get("out_of_domain"))
@@ -216,11 +227,11 @@ def evaluate_mrc(points: list[Point]) -> list[dict]:
     try:
         scenario = load_scenario_data(points[0].scenario_path, points[0].data)  # every point's other settings
         figures = _engine(points[0].data).one_pass_figures(scenario, [p.overrides[knob] for p in points])
-        error = None
+        error = kind = None
     except Exception as exc:  # noqa: BLE001 - every point of the group records the error evaluate would
-        figures, error = [{}] * len(points), one_line(exc)
+        figures, error, kind = [{}] * len(points), one_line(exc), error_kind(exc)
     wall_s = (time.perf_counter() - start) / len(points)
-    return [_row(p, found, error, "mrc", wall_s) for p, found in zip(points, figures)]
+    return [_row(p, found, error, "mrc", wall_s, kind=kind) for p, found in zip(points, figures)]
 
 
 def one_pass_knob(point: Point) -> str | None:
@@ -474,7 +485,8 @@ def run_points(points: list[Point], executor: str = "processes", workers: int | 
     with closing(stream):
         for task, result in stream:
             if isinstance(result, BaseException):
-                rows = [_row(p, {}, f"worker failed: {one_line(result)}", task.method, None) for p in task.points]
+                rows = [_row(p, {}, f"worker failed: {one_line(result)}", task.method, None, kind=WORKER_LOST)
+                        for p in task.points]
             else:
                 rows = task.rows(result)
             yield from zip(task.points, rows)

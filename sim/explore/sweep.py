@@ -221,7 +221,7 @@ def expand_grid(scenario_path: str | Path, grids: list[str]) -> list[Point]:
 
 
 # a row's text columns (pandas' string type; a point's overrides keep the types pandas infers for them)
-TEXT_COLUMNS = ("error", "scenario_hash", "method", "notices", "out_of_domain")
+TEXT_COLUMNS = ("error", "error_kind", "scenario_hash", "method", "notices", "out_of_domain")
 
 
 def _row_frame(row: dict, overrides: dict) -> pd.DataFrame:
@@ -432,8 +432,8 @@ def run_sweep(points: list[Point], out_dir: str | Path, executor: str = "process
 
 def load_sweep_columns() -> list[str]:
     """The columns of a point's row (an empty sweep's frame has them too)."""
-    return ["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error", "method", "wall_s",
-            "overrides"]
+    return ["point_id", "scenario_hash", *METRICS, "notices", "out_of_domain", "error", "error_kind", "method",
+            "wall_s", "overrides"]
 
 
 def load_sweep(out_dir: str | Path) -> pd.DataFrame:

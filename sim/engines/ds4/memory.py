@@ -152,7 +152,7 @@ def plan_memory(scenario, knobs: Knobs, layers: Layers, domain, where: str) -> D
     refusals (a budget its planner rejects, a GPU too small for what comes before the cache)."""
     hw, variant = scenario.hardware_profile, knobs.variant
     resident = resident_set(scenario.layout, model_family(scenario), hw, knobs.ctx, knobs.chunk_cap, domain)
-    memory, allocations, notices = Memory(hw), [], []
+    memory, allocations, notices = Memory(hw), [], list(knobs.ignored_env)
 
     def hold(pool: str, name: str, n_bytes: int) -> None:
         if n_bytes:

@@ -344,6 +344,8 @@ class Knobs:
     hotlist_path: str | None  # a popularity list as a rank,layer,expert CSV
     preload_flag: int | None
     preload_cap_text: str | None
+    ignored_env: tuple[str, ...] = ()  # notices for the set values ds4 fails to parse and drops without a word
+
 
     @property
     def chunk_cap(self) -> int:
@@ -409,7 +411,20 @@ class Knobs:
                              or env_set(env, "DS4_CUDA_STREAMING_EXPERT_HOTLIST")),
             hotlist_path=getattr(env, "DS4_METAL_STREAMING_EXPERT_HOTLIST", None) or None,
             preload_flag=flags.ssd_streaming_preload_experts,
-            preload_cap_text=getattr(env, "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP", None))
+            preload_cap_text=getattr(env, "DS4_METAL_STREAMING_EXPERT_AUTO_PRELOAD_CAP", None),
+            ignored_env=_ignored_env(env))
+
+
+def _ignored_env(env) -> tuple[str, ...]:
+    """The cache count and the reserve are whole numbers to ds4, which keeps its default for anything else without a
+    word: the run does the same and says so, since a typed value that changes nothing is easy to miss."""
+    kept = {"DS4_CUDA_STREAMING_EXPERT_CACHE_N":  # the reference names no parse rule: read as the reserve's
+            "keeps the --ssd-streaming-cache-experts value or 512 experts (expertsim reads it as the reserve is read)",
+            "DS4_CUDA_STREAMING_EXPERT_CACHE_RESERVE_GB":
+            f"fails to parse it and keeps the {DEFAULT_VRAM_RESERVE_GIB} GiB default (ds4-engine.md §1.3)"}
+    return tuple(f"expertsim: engine.env.{name} = {value!r} is not a whole number: ds4 {what}, printing nothing"
+                 for name, what in kept.items()
+                 if (value := getattr(env, name, None)) is not None and not digits(value))
 
 
 # ------------------------------------------------------------------------------------------ refusals
