@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.cli.tables import format_cell
+
 GOLDEN = Path(__file__).parent / "golden"
 
 
@@ -558,7 +560,7 @@ def test_a_narrow_terminal_never_cuts_a_number(columns):
     shown = _in_a_terminal(columns, "demo")
     assert "…" not in shown
     for row in rows:
-        assert f"{row['budget']:,}" in shown and f"{row['decode_hit']:.4f}" in shown
+        assert f"{row['budget']:,}" in shown and format_cell(row["decode_hit"]) in shown  # the cell, whole
 
 
 # Every command of the README that prints a table (calibrate aside: its tables need a GPU; they print through the
@@ -651,7 +653,7 @@ def test_a_piped_table_keeps_each_row_on_one_line():
                            env={**os.environ, "COLUMNS": "40"}).stdout
     assert "…" not in piped
     for row in rows:
-        whole = [f"│ {row['cache']} ", f" {row['budget']:,} ", f" {row['prefill']} ", f" {row['decode_hit']:.4f} "]
+        whole = [f"│ {row['cache']} ", f" {row['budget']:,} ", f" {row['prefill']} ", f" {format_cell(row['decode_hit'])} "]
         assert any(all(cell in line for cell in whole) for line in piped.splitlines()), row
 
 

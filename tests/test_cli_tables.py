@@ -38,7 +38,8 @@ ROWS = [{"name": "rtx-4070-laptop-8gb-windows", "os": "windows", "vram_gib": 7.9
 def test_a_table_that_fits_is_shown_whole_with_numbers_as_formatted():
     lines = rendered(table("profiles", ROWS), 200)
     assert max(map(len, lines)) <= 200
-    assert {"7.9961", "140.4", "1.5100", "/home/someone/expertsim/scenarios/hardware/h200.toml"} <= tokens(lines)
+    assert {"7.9961", "140.4", "1.51", "6.50", "/home/someone/expertsim/scenarios/hardware/h200.toml"} <= tokens(lines)
+    assert not {"1.5100", "6.5000", "6.5"} & tokens(lines)  # a column's cells at the places it needs, alike
 
 
 def test_few_rows_too_wide_side_by_side_are_turned_on_their_side():

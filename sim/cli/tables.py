@@ -51,15 +51,31 @@ class Table:
 
 
 def table(title: str, rows: list[dict], columns: list[str] | None = None) -> Table:
+    """Rows as a Table, each column's small figures (under 10) at the decimals the column needs, at most four."""
     columns = columns or (list(rows[0]) if rows else [])
-    return Table(title, tuple(columns), tuple(tuple(format_cell(row.get(c)) for c in columns) for row in rows))
+    places = {c: max((_decimals_needed(row.get(c)) for row in rows), default=SMALL_DECIMALS) for c in columns}
+    return Table(title, tuple(columns),
+                 tuple(tuple(format_cell(row.get(c), places[c]) for c in columns) for row in rows))
 
 
-def format_cell(value) -> str:
+SMALL_DECIMALS = 4  # a hit rate's resolution
+
+
+def _decimals_needed(value) -> int:
+    """The decimals a small figure shows without losing a digit of its four (1 at least: it is no count); 0 for
+    anything else, which does not widen its column's."""
+    if not isinstance(value, (float, np.floating)) or np.isnan(value) or abs(value) >= 10:
+        return 0
+    return max(1, len(f"{value:.{SMALL_DECIMALS}f}".rstrip("0").partition(".")[2]))
+
+
+def format_cell(value, decimals: int = SMALL_DECIMALS) -> str:
+    """One cell: a float under 10 at `decimals` places (a column's: its cells line up; "6.5", not "6.5000", in a
+    column of sizes), a larger one at one place with thousands separators, an integer with them."""
     if isinstance(value, (float, np.floating)):
         if np.isnan(value):
             return "-"
-        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
+        return f"{value:.{max(decimals, 1)}f}" if abs(value) < 10 else f"{value:,.1f}"
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return f"{int(value):,}"
     return "" if value is None else str(value)
