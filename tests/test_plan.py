@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,11 +71,31 @@ def test_default_plan_explains_every_knob_against_a_run_alternative():
     assert len(plan.explanations) == len(plan.knobs)
     assert not [line for line in plan.explanations if "no alternative was run" in line]
     assert plan.best.settings["engine.env.STRATA_PREFILL_OWN_AUTO"] == "1"
-    for knob in plan.knobs:  # the best is at least as good as each one-knob neighbour that ran
-        for c in plan.candidates:
+    best = plan.best.metrics["prefill_tok_s"]
+    for knob in plan.knobs:  # the best is at least as good as each one-knob neighbour that ran, or within 3 % of
+        for c in plan.candidates:  # one that changes more of the scenario's settings (docs/plan.md: no difference)
             if c.ran and c.feasible and all(c.settings.get(k) == plan.best.settings.get(k)
                                             for k in plan.knobs if k != knob):
-                assert c.metrics["prefill_tok_s"] <= plan.best.metrics["prefill_tok_s"] * (1 + 1e-9)
+                theirs = c.metrics["prefill_tok_s"]
+                assert theirs <= best * (1 + 1e-9) or (theirs - best <= 0.03 * theirs and c.changed > plan.best.changed)
+
+
+def test_a_gain_within_3_percent_keeps_the_scenarios_own_setting(tmp_path):
+    """gpt-oss-120b under llama.cpp on a 16 GB card (`scenario init`'s scenario): turning op offload off gained
+    1.9 % decode (27.3 vs 26.8 tok/s) and cost 5 % of prefill, and plan recommended it while its own explanation
+    called the decode gain no difference. Within 3 % the scenario's own setting stays (docs/plan.md)."""
+    path = tmp_path / "gpt.toml"
+    hardware = Path(__file__).resolve().parents[1] / "scenarios" / "hardware" / "rtx-4060ti-16gb.toml"
+    path.write_text(f'hardware = "{hardware}"\nmodel = "gpt-oss-120b"\n'
+                    '[engine]\nname = "llama.cpp"\nvariant = "mainline"\n'
+                    '[engine.flags]\nubatch-size = 512\nno-op-offload = false\n'
+                    '[trace]\ngenerator = "gpt-oss-120b"\nseed = 0\n'
+                    '[[workload.requests]]\nprompt_tokens = 2048\ndecode_tokens = 256\nmeasured = true\n')
+    plan = make_plan(path, objective="decode_tok_s")
+    ran = [c for c in plan.candidates if c.ran and c.feasible]
+    top = max(c.metrics["decode_tok_s"] for c in ran)
+    assert plan.best.changed == min(c.changed for c in ran if c.metrics["decode_tok_s"] >= 0.97 * top)
+    assert "engine.flags.no-op-offload" not in plan.as_dict()["changes"]
 
 
 def test_impossible_constraint_lists_the_closest():

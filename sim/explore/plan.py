@@ -8,9 +8,9 @@ Candidates come from `sweep.expand_grid` (the same `--grid KEY=...` spelling and
 cannot load, and ones the engine's memory plan shows cannot fit (Engine.plan_memory: why no expert cache can
 exist, a reserve larger than what is free at sizing), are pruned before running. Each remaining candidate is
 simulated by the experiment runner (sim/explore/runner.py: here, or on spawned processes with workers > 1).
-Constraints filter, the objective ranks, ties go to the candidate that changes fewest settings of the scenario.
-Each recommended
-setting is explained by the candidates that differ from the recommendation in that setting only.
+Constraints filter, the objective ranks, ties (no difference within 3 %) go to the candidate that changes fewest
+settings of the scenario. Each recommended setting is explained by the candidates that differ from the
+recommendation in that setting only.
 """
 
 from __future__ import annotations
@@ -236,12 +236,21 @@ def _score(c: Candidate, key: str, sign: int) -> float:
 
 
 def _pick(cands: list[Candidate], key: str, sign: int) -> Candidate | None:
+    """The feasible candidate that changes fewest of the scenario's settings among those with no difference from
+    the best objective (`no_difference`, as the explanations say it: a change for less is noise to the model), the
+    best objective among those."""
     feasible = [c for c in cands if c.feasible]
     if not feasible:
         return None
     top = max(_score(c, key, sign) for c in feasible)
-    tol = 1e-9 * max(abs(top), 1.0) if math.isfinite(top) else 0.0
-    return min((c for c in feasible if _score(c, key, sign) >= top - tol), key=lambda c: c.changed)
+    tied = [c for c in feasible if _score(c, key, sign) >= top - 1e-9 * max(abs(top), 1.0)
+            or (math.isfinite(top) and no_difference(top, _score(c, key, sign)))]
+    return min(tied, key=lambda c: (c.changed, -_score(c, key, sign)))
+
+
+def no_difference(a: float, b: float) -> bool:
+    """Two figures of the objective within NO_DIFFERENCE of the larger."""
+    return abs(a - b) <= NO_DIFFERENCE * max(abs(a), abs(b), 1e-12)
 
 
 MAX_NEIGHBOURHOOD_ROUNDS = 4  # stage 3 rounds; each round runs at most one candidate per knob value
@@ -366,9 +375,8 @@ def _compare(best: Candidate, alt: Candidate, other: str, key: str, plan: Plan) 
     b, a = best.metrics, alt.metrics
     unit = UNITS.get(key, key)
     bv, av = b.get(key), a.get(key)
-    rel = abs(bv - av) / max(abs(bv), abs(av), 1e-12) if None not in (bv, av) else math.inf
     text = f"{_num(bv, key)} vs {_num(av, key)} {unit} ({other})"
-    if rel <= NO_DIFFERENCE:
+    if None not in (bv, av) and no_difference(bv, av):
         text = f"no {key} difference within 3 % vs {other}: {_num(bv, key)} vs {_num(av, key)} {unit}"
     extra = []
     for m in ("decode_tok_s", "prefill_tok_s", "file_blob_reads", "lent_slots", "prefill_buffer_mib",
