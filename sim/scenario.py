@@ -288,6 +288,8 @@ def load_scenario(path: str | Path, data: dict | None = None, profile_values: di
     scenario._hardware_profile = profile
     scenario._layout = layout
     scenario._compute_key = compute_key
+    if (no_backend := engine.refuses_hardware(profile)) is not None:
+        raise InputError(where, "hardware", profile.name, no_backend)
     engine.validate(scenario, where)
     if engine.timed and profile.calibration_path is not None:  # the GPU calibration file, checked whole first
         from sim.calibrate.fileformat import load as load_calibration

@@ -267,3 +267,31 @@ def test_a_file_with_a_forks_own_types_is_refused_by_every_build_that_does_not_l
             load_scenario(seed, data)
         message = str(info.value)
         assert "\n" not in message and "blk.3.ffn_gate_exps.weight" in message and "156" in message, message
+
+
+def test_a_box_the_engine_has_no_backend_for_is_refused_when_its_scenario_loads(engine):
+    """Engine.refuses_hardware, for every committed profile: where it names a reason, the engine's scenario on that
+    box is refused with that reason as one line (field hardware), before anything runs."""
+    from sim.hardware import load_hardware_file
+
+    path = seed_of(engine)
+    for profile_file in sorted((ROOT / "scenarios" / "hardware").glob("*.toml")):
+        reason = engine.refuses_hardware(load_hardware_file(profile_file))
+        if reason is None:
+            continue
+        data = small(path)
+        data["hardware"] = str(profile_file)
+        with pytest.raises(InputError) as refused:
+            load_scenario(path, data)
+        assert refused.value.field == "hardware" and refused.value.why == reason and "\n" not in str(refused.value)
+
+
+def test_strata_and_llamacpp_refuse_a_mac():
+    """Known answers: Strata is CUDA with HIP and SYCL ports, no Metal (strata-engine.md §0); llama.cpp is modelled
+    with a discrete GPU only. ds4 has a Metal backend (ds4-engine.md) and runs there."""
+    from sim.hardware import load_hardware
+
+    mac = load_hardware("m5-pro-64gb")
+    assert "no Metal backend" in ENGINES["strata"].refuses_hardware(mac)
+    assert "discrete" in ENGINES["llama.cpp"].refuses_hardware(mac)
+    assert ENGINES["ds4"].refuses_hardware(mac) is None

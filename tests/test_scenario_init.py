@@ -273,3 +273,15 @@ def test_hardware_init_sets_the_hosts_vector_instructions_with_their_source(tmp_
     simd = tomllib.loads((tmp_path / "x.toml").read_text())["host"]["simd"]
     assert simd["value"] == "avx512" and "what-if set by the user" in simd["source"] and "rtx-4090 has avx2" in \
         simd["source"]
+
+
+def test_on_a_mac_the_automatic_choice_skips_the_engines_without_a_backend_there(tmp_path):
+    """Strata runs qwen3.8-flash-next-iq3s, but has no Metal backend: on the M5 Pro the automatic choice fell on it
+    and the scenario it wrote ran as if Strata ran there. Now it is a cache-only replay, saying which engine runs
+    the model elsewhere and why not here; and the written scenario loads and runs."""
+    written = strict_json(expertsim("scenario", "init", "--model", "qwen3.8-flash-next-iq3s", "--hardware",
+                                    "m5-pro-64gb", *SHORT, "-o", "mac.toml", "--json", cwd=tmp_path).stdout)
+    assert written["engine"] == "replay"
+    why = written["engine_choice"]
+    assert "strata runs it, but not on m5-pro-64gb" in why and "no Metal backend" in why
+    assert strict_json(expertsim("run", "mac.toml", "--json", cwd=tmp_path).stdout)["engine"] == "replay"

@@ -217,6 +217,11 @@ class Engine(ABC):
         """Why this engine runs the model (scenario init's automatic choice), None when it does not."""
         return None
 
+    def refuses_hardware(self, profile) -> str | None:
+        """Why the engine cannot run on this box at all (a GPU API it has no backend for, a memory it is not
+        modelled on), None when it can: the loader's refusal and scenario init's automatic choice both ask."""
+        return None
+
     def derived_compute(self, layout, profile):
         """Compute figures (a sim.hardware.Compute) for a model the hardware profile has no [compute] table for,
         derived from the profile's other figures; None (the default): the engine runs only the models the profile

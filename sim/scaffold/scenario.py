@@ -62,15 +62,19 @@ def choose_engine(engine: str, layout, profile, model_class: str | None) -> tupl
     if engine != "auto":
         return engine, f"--engine {engine}"
     timed = [e for e in ENGINES.values() if e.timed]
+    not_here = []  # engines that run the model, but not on this box
     for candidate in timed:
         compute_key, _ = compute_for(candidate, layout, profile, model_class)
         why = candidate.runs(layout, compute_key)
-        if why is not None and refused_tensor(candidate, layout,
-                                              candidate.default_variant(layout, compute_key)) is None:
-            return candidate.name, why
+        if why is None or refused_tensor(candidate, layout, candidate.default_variant(layout, compute_key)) is not None:
+            continue
+        if (no_backend := candidate.refuses_hardware(profile)) is not None:
+            not_here.append(f"{candidate.name} runs it, but not on {profile.name}: {no_backend}")
+            continue
+        return candidate.name, why
     fallback = next(e for e in ENGINES.values() if not e.timed)
-    scopes = "; ".join(e.scope() for e in timed)
-    return fallback.name, f"no timed engine runs {layout.name} ({scopes}), so {fallback.runs(layout, None)}"
+    scopes = "; ".join(not_here or [e.scope() for e in timed])
+    return fallback.name, f"no timed engine runs {layout.name} here ({scopes}), so {fallback.runs(layout, None)}"
 
 
 def generator_for(layout) -> str | None:

@@ -46,10 +46,7 @@ class LlamaCpp(Engine):
         does not run; a placement the GPU cannot hold is the plan's `why_no_cache`, refused when the run starts."""
         from sim.engines.llamacpp.memory import plan_memory
 
-        profile, engine = scenario.hardware_profile, scenario.engine
-        if profile.is_unified or profile.gpu.api == "metal":
-            raise InputError(where, "hardware", profile.name, "llama.cpp is modelled with a discrete CUDA or ROCm GPU "
-                                                              "(experts in host RAM behind PCIe)")
+        engine = scenario.engine
         flags = engine.flags.model_dump(by_alias=True, exclude_defaults=True)
         env = engine.env.model_dump(exclude_none=True)
         for name in list(flags) + list(env):
@@ -165,6 +162,11 @@ class LlamaCpp(Engine):
         from sim.engines.llamacpp.weights import derived_compute
 
         return derived_compute(layout, profile)
+
+    def refuses_hardware(self, profile) -> str | None:
+        if profile.is_unified or profile.gpu.api == "metal":
+            return "llama.cpp is modelled with a discrete CUDA or ROCm GPU (experts in host RAM behind PCIe)"
+        return None
 
     def runs(self, layout, compute_key: str | None) -> str | None:
         from sim.engines.llamacpp.weights import file_weights

@@ -85,6 +85,11 @@ class Strata(Engine):
 
         return (runtime_record_id(scenario.hardware_profile), "strata-decode-layer-latency", "strata-short-read")
 
+    def refuses_hardware(self, profile) -> str | None:
+        if profile.gpu.api == "metal":
+            return "Strata is a C++/CUDA engine with HIP and SYCL ports (strata-engine.md §0): it has no Metal backend"
+        return None
+
     def runs(self, layout, compute_key: str | None) -> str | None:
         if geometry_mismatch(layout) is not None:
             return None
