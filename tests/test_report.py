@@ -232,7 +232,8 @@ def test_sweep_points_table_is_sorted_sized_to_its_rows_and_has_each_column_once
     (out / "points").mkdir(parents=True)
     (out / "manifest.json").write_text(json.dumps({"grids": [[CACHE]]}))
     frame = pd.DataFrame({CACHE: ["9472", "10240", "2048"], "decode_tok_s": [3.0, 4.0, 1.0],
-                          "decode_hit_rate": [0.9, 0.95, 0.5], "error": pd.array([None, None, "boom"], "string")})
+                          "decode_hit_rate": [0.9, 0.95, 0.5], "error": pd.array([None, None, "boom"], "string"),
+                          "error_kind": pd.array([None, None, "crashed"], "string")})
     table = _sweep_figures(out, frame)[0][1]
     header = list(table.data[0].header.values)
     assert len(header) == len(set(header)) and header.count("decode_hit_rate") == 1
@@ -241,6 +242,7 @@ def test_sweep_points_table_is_sorted_sized_to_its_rows_and_has_each_column_once
     assert list(cells["decode_tok_s"]) == ["1.0 tok/s", "3.0 tok/s", "4.0 tok/s"]
     assert list(cells["decode_hit_rate"]) == ["50.0 %", "90.0 %", "95.0 %"]
     assert list(cells["error"]) == ["boom", "", ""] and "<NA>" not in str(table.data[0].cells.values)
+    assert list(cells["error_kind"]) == ["crashed", "", ""]  # whether running it again can help
     # plotly draws a 28 px header and 20 px rows (up to 24 px with a wrapped value) under the title margin
     assert table.layout.height >= table.layout.margin.t + 28 + 24 * len(frame) + table.layout.margin.b
 

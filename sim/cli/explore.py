@@ -47,8 +47,8 @@ def _failed_line(rows: list[dict], total: int) -> str:
            WORKER_LOST: "lost with their worker process (they may run when run again)",
            "unknown": "failed in an older version's sweep"}
     parts = "; ".join(f"{counts[k]} {why[k]}" for k in why if k in counts)
-    return (f"expertsim: sweep: {sum(counts.values())} of {total} points failed (their errors are under the table): "
-            f"{parts}; run them again with {_command_again('--resume', '--retry-failed')}")
+    return (f"expertsim: sweep: {sum(counts.values())} of {total} point{'s' * (total != 1)} failed (their errors are "
+            f"under the table): {parts}; run them again with {_command_again('--resume', '--retry-failed')}")
 
 
 @app.command()
@@ -109,7 +109,8 @@ def sweep(
     short = {k: k.rsplit(".", 1)[-1] for k in keys}
     columns = COUNTS_SWEEP_COLUMNS if "hit_rate" in frame else SWEEP_COLUMNS
     shown = [{**{short[k]: r[k] for k in keys}, **{c: r.get(c) for c in columns}} for r in rows]
-    show(table(f"sweep of {scenario_path}: {result.total} points ({len(result.computed)} run, "
+    plural = "s" * (result.total != 1)
+    show(table(f"sweep of {scenario_path}: {result.total} point{plural} ({len(result.computed)} run, "
                f"{len(result.resumed)} resumed, {len(result.failed)} failed) in {output}",
                shown, [*short.values(), *columns]), wide=wide)
     for r in rows:  # whole, under the table: a narrow terminal may leave the table's error column out

@@ -118,13 +118,13 @@ def sweep_figures(results: Path, frame: pd.DataFrame) -> list[tuple[str, object]
     given = grid_values(results)
     ok = _successful(frame, dims, given)
     figures: list[tuple[str, object]] = []
-    table_cols = list(dict.fromkeys(c for c in (*dims, *SWEEP_METRICS, "decode_hit_rate", "cache_slots", "error")
-                                    if c in frame.columns))
+    table_cols = list(dict.fromkeys(c for c in (*dims, *SWEEP_METRICS, "decode_hit_rate", "cache_slots", "error",
+                                                "error_kind") if c in frame.columns))
     shown = _sorted_by(frame, dims, given)
     # grid keys by their short name and unit, metrics by their column name with each value in its unit
     figures.append(("Points", go.Figure(go.Table(
         header={"values": [dimension_title(c) if c in dims else c for c in table_cols]},
-        cells={"values": [[(cell_text if c in dims or c == "error" else partial(with_unit, c))(v)
+        cells={"values": [[(cell_text if c in dims or c.startswith("error") else partial(with_unit, c))(v)
                            for v in shown[c].tolist()] for c in table_cols]}),
         layout={"title": f"Sweep points ({len(frame)}, {len(frame) - len(ok)} failed)",
                 **table_size(len(shown))})))
