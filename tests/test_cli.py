@@ -653,7 +653,8 @@ def test_a_piped_table_keeps_each_row_on_one_line():
                            env={**os.environ, "COLUMNS": "40"}).stdout
     assert "…" not in piped
     for row in rows:
-        whole = [f"│ {row['cache']} ", f" {row['budget']:,} ", f" {row['prefill']} ", f" {format_cell(row['decode_hit'])} "]
+        whole = [f"│ {row['cache']} ", f" {row['budget']:,} ", f" {row['prefill']} ",
+                 f" {format_cell(row['decode_hit'])} "]
         assert any(all(cell in line for cell in whole) for line in piped.splitlines()), row
 
 

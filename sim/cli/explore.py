@@ -34,8 +34,8 @@ def _command_again(*flags: str) -> str:
 
 
 def _failed_line(rows: list[dict], total: int) -> str:
-    """The sweep's closing line when points failed: how many of each kind (sim.explore.runner's error kinds), and
-    the command that runs them again where that can help."""
+    """The sweep's closing line when points failed: how many of each kind (sim.explore.runner's error kinds), what
+    each kind means for running it again, and the command that does."""
     from sim.explore.runner import CRASHED, REFUSED, WORKER_LOST
 
     counts: dict = {}

@@ -184,6 +184,7 @@ def _row(point: Point, found: dict, error: str | None, method: str | None, wall_
     return {"point_id": point.point_id, **point.overrides, "scenario_hash": point.scenario_hash,
             **{k: found.get(k) for k in metrics_of(point.data)}, "notices": list(notices or []),
             "out_of_domain": list(out_of_domain or []), "error": error,
+            # no kind given: a point that did not load, whose error is the loader's InputError
             "error_kind": None if error is None else kind or REFUSED, "method": method, "wall_s": wall_s}
 
 

@@ -74,7 +74,8 @@ def choose_engine(engine: str, layout, profile, model_class: str | None) -> tupl
         return candidate.name, why
     fallback = next(e for e in ENGINES.values() if not e.timed)
     scopes = "; ".join(not_here or [e.scope() for e in timed])
-    return fallback.name, f"no timed engine runs {layout.name} here ({scopes}), so {fallback.runs(layout, None)}"
+    here = " here" if not_here else ""
+    return fallback.name, f"no timed engine runs {layout.name}{here} ({scopes}), so {fallback.runs(layout, None)}"
 
 
 def generator_for(layout) -> str | None:

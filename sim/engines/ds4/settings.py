@@ -346,7 +346,6 @@ class Knobs:
     preload_cap_text: str | None
     ignored_env: tuple[str, ...] = ()  # notices for the set values ds4 fails to parse and drops without a word
 
-
     @property
     def chunk_cap(self) -> int:
         """The graph's prefill cap: the context buffers are sized for it."""
