@@ -135,3 +135,15 @@ def test_a_candidate_past_the_cards_vram_is_never_recommended(tmp_path):
     refused = [c for c in plan.candidates if c.settings["engine.flags.expert-cache"] == 5400]
     assert refused and all(not c.ran and "owned prompt buffers" in c.error for c in refused)
     assert plan.best is not None and plan.best.metrics["vram_free_mib"] >= 0
+
+
+def test_a_candidate_without_the_objective_is_never_tied_with_the_best():
+    """A feasible candidate whose row lacks the objective scores -inf; it is no 'no difference' tie of a finite
+    best, however few settings it changes (the 3 % rule compares figures, and a missing one is none)."""
+    from sim.explore.plan import Candidate, _pick
+
+    best = Candidate({"k": 2}, changed=1, metrics={"decode_tok_s": 30.0})
+    missing = Candidate({"k": 1}, changed=0, metrics={"decode_tok_s": None})
+    close = Candidate({"k": 3}, changed=0, metrics={"decode_tok_s": 29.5})  # within 3 %, fewer changes
+    assert _pick([best, missing], "decode_tok_s", 1) is best
+    assert _pick([best, missing, close], "decode_tok_s", 1) is close

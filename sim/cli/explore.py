@@ -38,10 +38,9 @@ def _failed_line(rows: list[dict], total: int) -> str:
     each kind means for running it again, and the command that does."""
     from sim.explore.runner import CRASHED, REFUSED, WORKER_LOST
 
-    counts: dict = {}
-    for r in rows:
-        if r["error"]:
-            counts[r.get("error_kind") or "unknown"] = counts.get(r.get("error_kind") or "unknown", 0) + 1
+    from collections import Counter
+
+    counts = Counter(r.get("error_kind") or "unknown" for r in rows if r["error"])
     why = {REFUSED: "refused (the engine's refusal, or a setting out of range: they fail again)",
            CRASHED: "crashed (an expertsim bug: please report the error with the scenario)",
            WORKER_LOST: "lost with their worker process (they may run when run again)",

@@ -75,7 +75,7 @@ def format_cell(value, decimals: int = SMALL_DECIMALS) -> str:
     if isinstance(value, (float, np.floating)):
         if np.isnan(value):
             return "-"
-        return f"{value:.{max(decimals, 1)}f}" if abs(value) < 10 else f"{value:,.1f}"
+        return f"{value:.{decimals}f}" if abs(value) < 10 else f"{value:,.1f}"
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return f"{int(value):,}"
     return "" if value is None else str(value)

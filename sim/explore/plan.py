@@ -243,14 +243,13 @@ def _pick(cands: list[Candidate], key: str, sign: int) -> Candidate | None:
     if not feasible:
         return None
     top = max(_score(c, key, sign) for c in feasible)
-    tied = [c for c in feasible if _score(c, key, sign) >= top - 1e-9 * max(abs(top), 1.0)
-            or (math.isfinite(top) and no_difference(top, _score(c, key, sign)))]
+    tied = [c for c in feasible if _score(c, key, sign) == top or no_difference(top, _score(c, key, sign))]
     return min(tied, key=lambda c: (c.changed, -_score(c, key, sign)))
 
 
 def no_difference(a: float, b: float) -> bool:
-    """Two figures of the objective within NO_DIFFERENCE of the larger."""
-    return abs(a - b) <= NO_DIFFERENCE * max(abs(a), abs(b), 1e-12)
+    """Two figures of the objective within NO_DIFFERENCE of the larger; a missing one (not finite) differs."""
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= NO_DIFFERENCE * max(abs(a), abs(b), 1e-12)
 
 
 MAX_NEIGHBOURHOOD_ROUNDS = 4  # stage 3 rounds; each round runs at most one candidate per knob value

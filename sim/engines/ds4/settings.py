@@ -271,7 +271,7 @@ def requested_budget_experts(cli_experts: int | None = None, env_cache_experts: 
     requested = DS4_CUDA_STREAM_EXPERT_DEFAULT_EXPERTS
     if cli_experts is not None:
         requested = check_int(CLI_CACHE_EXPERTS, "experts", cli_experts, 1)
-    if env_cache_experts is not None and env_cache_experts.isascii() and env_cache_experts.isdigit():
+    if env_cache_experts is not None and digits(env_cache_experts):
         requested = int(env_cache_experts)
     return min(requested, DS4_CUDA_STREAM_EXPERT_MAX_EXPERTS)
 
@@ -281,7 +281,7 @@ def vram_reserve_bytes(env_reserve_gib: str | None, total_vram_bytes: int) -> in
     "12GB", "-1") keeps the 16 GiB default silently. The result is clamped to at most total VRAM / 2."""
     check_int("ds4 VRAM", "total_vram_bytes", total_vram_bytes, 1)
     reserve_gib = DEFAULT_VRAM_RESERVE_GIB
-    if env_reserve_gib is not None and env_reserve_gib.isascii() and env_reserve_gib.isdigit():
+    if env_reserve_gib is not None and digits(env_reserve_gib):
         reserve_gib = int(env_reserve_gib)
     return min(reserve_gib * GIB, int(total_vram_bytes * VRAM_RESERVE_MAX_FRACTION_OF_TOTAL))
 
